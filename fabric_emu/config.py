@@ -1,0 +1,249 @@
+"""Spec files: load YAML, apply --set overrides, validate into typed models.
+
+Every problem becomes a SpecError that names the file, the dotted field and what is allowed,
+so the CLI can print one line per problem and exit 2 before anything is created.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
+
+from fabric_emu import units
+
+NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+NAME_HELP = "1-64 characters: letters, digits, '_', '.', '-', starting with a letter or digit"
+
+
+class SpecError(Exception):
+    """One or more problems with a spec, each 'FILE: field: message'."""
+
+    def __init__(self, problems: list[tuple[str, str, str]]):
+        self.problems = problems
+        super().__init__("\n".join(self.lines()))
+
+    def lines(self) -> list[str]:
+        return [f"{f}: {field}: {msg}" if field else f"{f}: {msg}" for f, field, msg in self.problems]
+
+
+def _unit(parser, help_text):
+    def convert(v: Any) -> Any:
+        try:
+            return parser(v)
+        except ValueError:
+            raise ValueError(f"got {v!r} ({help_text})") from None
+
+    return BeforeValidator(convert)
+
+
+Bytes = Annotated[int, _unit(units.parse_size, units.SIZE_HELP)]
+Seconds = Annotated[float, _unit(units.parse_time_s, units.TIME_HELP)]
+
+
+IMPLEMENTED_LB = ("ecmp",)
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
+
+
+class LinkSpec(Strict):
+    gbps: float = Field(gt=0, le=1600, description="modelled link rate in Gb/s")
+
+
+class TopologySpec(Strict):
+    name: str = Field(pattern=NAME_RE)
+    kind: Literal["leaf-spine"]
+    spines: int = Field(ge=1, le=64)
+    leaves: int = Field(ge=1, le=200)
+    hosts_per_leaf: int = Field(ge=1, le=200)
+    host_link: LinkSpec = LinkSpec(gbps=100)
+    fabric_link: LinkSpec = LinkSpec(gbps=100)
+    dilation: float = Field(default=2000, ge=1, le=1_000_000)
+    mtu: int = Field(default=4200, ge=1280, le=9000, description="Ethernet MTU of every link")
+    port_buffer: Bytes = Field(default=1_000_000, ge=10_000, le=1_000_000_000,
+                               description="egress buffer per switch port, bytes")
+
+
+class AllReduceWorkload(Strict):
+    type: Literal["allreduce"]
+    algorithm: Literal["ring"] = "ring"
+    size: Bytes = Field(gt=0, le=100 * 10**9)
+    iterations: int = Field(default=1, ge=1, le=1000)
+    ranks: Union[Literal["all"], list[Annotated[str, Field(pattern=NAME_RE)]]] = "all"
+    qps_per_peer: int = Field(default=1, ge=1, le=64)
+
+    @field_validator("ranks")
+    @classmethod
+    def _ranks_distinct(cls, v):
+        if isinstance(v, list):
+            if len(v) < 2:
+                raise ValueError("needs at least 2 hosts ('all' or a list of host names)")
+            if len(set(v)) != len(v):
+                raise ValueError("lists a host twice (each rank is a distinct host)")
+        return v
+
+
+Workload = Annotated[Union[AllReduceWorkload], Field(discriminator="type")]
+
+
+class ExperimentSpec(Strict):
+    name: str = Field(pattern=NAME_RE)
+    topology: TopologySpec
+    load_balancing: Literal["ecmp", "dlb", "spray"] = "ecmp"
+    workload: Workload
+    seed: int = Field(default=1, ge=0, le=2**32 - 1)
+    timeout: Seconds = Field(default=600.0, gt=0, le=86400,
+                             description="wall-clock limit of the traffic phase")
+
+    @field_validator("load_balancing")
+    @classmethod
+    def _lb_implemented(cls, v: str) -> str:
+        # dlb and spray have their place in controller/core.py; until they exist, say so.
+        if v not in IMPLEMENTED_LB:
+            raise ValueError(f"'{v}' is not implemented yet (allowed: {', '.join(IMPLEMENTED_LB)})")
+        return v
+
+    @model_validator(mode="after")
+    def _chunks_not_empty(self):
+        w = self.workload
+        n = self.topology.leaves * self.topology.hosts_per_leaf if w.ranks == "all" else len(w.ranks)
+        if w.size < n * w.qps_per_peer:
+            raise ValueError(
+                f"workload.size {w.size} B is smaller than ranks x qps_per_peer ({n * w.qps_per_peer});"
+                " every queue pair needs at least one byte per step")
+        return self
+
+
+# --------------------------------------------------------------------------- loading
+
+_yaml = YAML(typ="safe", pure=True)
+_yaml.allow_duplicate_keys = False
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SpecError([(str(path), "", "file not found")]) from None
+    except OSError as e:
+        raise SpecError([(str(path), "", f"cannot read ({e.strerror})")]) from None
+    try:
+        return _yaml.load(text)
+    except YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise SpecError([(str(path), where, f"invalid YAML: {problem}")]) from None
+
+
+def _set_dotted(data: dict, dotted: str, raw: str, source: str) -> None:
+    """Apply one --set override; the value is parsed as YAML (so 4 is an int, [a, b] a list)."""
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", dotted):
+        raise SpecError([(source, dotted, "not a dotted field path (like topology.spines)")])
+    try:
+        value = _yaml.load(raw) if raw.strip() else raw
+    except YAMLError:
+        value = raw
+    node = data
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise SpecError([(source, dotted, f"'{part}' is not a mapping, cannot set a field inside it")])
+        node = child
+    node[parts[-1]] = value
+
+
+def _field_path(loc: tuple) -> str:
+    # pydantic puts the discriminator tag in loc (workload.allreduce.size); users never wrote it.
+    parts = [str(p) for p in loc
+             if p != "allreduce" and not re.match(r"(list|literal|str|int)\[", str(p))]
+    return ".".join(parts)
+
+
+def _errors_to_problems(err: ValidationError, files: dict[str, str]) -> list[tuple[str, str, str]]:
+    """Map pydantic errors to (file, field, message); 'files' maps a top-level key to its file."""
+    problems = []
+    for e in err.errors(include_url=False):
+        path = _field_path(e["loc"])
+        top = path.split(".")[0] if path else ""
+        file = files.get(top, files[""])
+        if top in files and top != "" and path.startswith(top + "."):
+            path = path[len(top) + 1:]
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif e["type"] == "missing":
+            msg = "required field is missing"
+        elif e["type"] == "literal_error":
+            msg = f"got {e.get('input')!r}; {msg[0].lower()}{msg[1:]}"
+        elif msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        problems.append((file, path, msg))
+    return problems
+
+
+def load_topology(path: str | Path, overrides: list[str] | None = None) -> TopologySpec:
+    path = Path(path)
+    data = _read_yaml(path)
+    if not isinstance(data, dict):
+        raise SpecError([(str(path), "", "expected a mapping of fields at the top level")])
+    for item in overrides or []:
+        key, _, raw = item.partition("=")
+        _set_dotted(data, key, raw, "--set")
+    try:
+        return TopologySpec.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(_errors_to_problems(e, {"": str(path)})) from None
+
+
+def load_experiment(path: str | Path, overrides: list[str] | None = None) -> ExperimentSpec:
+    """Load an experiment; its topology may be a path (relative to the file) or a mapping."""
+    path = Path(path)
+    data = _read_yaml(path)
+    if not isinstance(data, dict):
+        raise SpecError([(str(path), "", "expected a mapping of fields at the top level")])
+    files = {"": str(path)}
+    topo = data.get("topology")
+    if isinstance(topo, str):
+        topo_path = (path.parent / topo).resolve() if not Path(topo).is_absolute() else Path(topo)
+        if not topo_path.is_file():
+            raise SpecError([(str(path), "topology", f"file not found: {topo}")])
+        topo_data = _read_yaml(topo_path)
+        if not isinstance(topo_data, dict):
+            raise SpecError([(str(topo_path), "", "expected a mapping of fields at the top level")])
+        data["topology"] = topo_data
+        files["topology"] = str(topo_path)
+    data = copy.deepcopy(data)
+    for item in overrides or []:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise SpecError([("--set", item, "expected dotted.key=value")])
+        _set_dotted(data, key, raw, "--set")
+    try:
+        spec = ExperimentSpec.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(_errors_to_problems(e, files)) from None
+    return spec
+
+
+def resolved_dict(spec: BaseModel) -> dict:
+    """The fully resolved spec (defaults filled in), as plain data for experiment.yaml."""
+    return spec.model_dump(mode="json")

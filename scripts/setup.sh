@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Idempotent set-up for fabric-emu on Debian 12 / Ubuntu 24.04, run as root.
+# Installs the system packages, starts Open vSwitch for the userspace datapath and builds
+# the Python virtual environment (.venv) with pinned dependencies. Safe to run repeatedly:
+# each step checks whether it is already done.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv="$here/.venv"
+stamp_dir=/var/lib/fabric-emu
+apt_stamp="$stamp_dir/apt.done"
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "error: scripts/setup.sh must run as root (Mininet and Open vSwitch need it)" >&2
+  exit 2
+fi
+
+apt_packages=(
+  mininet openvswitch-switch openvswitch-common
+  iperf3 ethtool tcpdump tshark iputils-ping iproute2 procps
+  clang llvm libbpf-dev bpftool
+  python3 python3-venv python3-dev git
+)
+
+missing=()
+for p in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing apt packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  # tshark asks whether non-root users may capture; answer for it.
+  echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${apt_packages[@]}" >/dev/null
+fi
+mkdir -p "$stamp_dir" && touch "$apt_stamp"
+
+# Open vSwitch: the kernel module may be missing (it is on our CI kernel), so start the
+# daemons with ovs-ctl, which skips the module load when asked to.
+if ! ovs-vsctl --timeout=2 show >/dev/null 2>&1; then
+  log "starting Open vSwitch daemons (userspace datapath)"
+  /usr/share/openvswitch/scripts/ovs-ctl start --system-id=random --no-ovs-vswitchd >/dev/null
+  /usr/share/openvswitch/scripts/ovs-ctl start --no-ovsdb-server --no-monitor >/dev/null 2>&1 \
+    || /usr/share/openvswitch/scripts/ovs-ctl start --no-ovsdb-server >/dev/null
+fi
+ovs-vsctl --timeout=5 show >/dev/null
+
+# Python: a venv on Debian's interpreter so Debian's mininet package is importable. We add
+# only mininet's directory to the venv's path (not all of dist-packages), so every other
+# dependency comes pinned from requirements.txt.
+py=/usr/bin/python3
+if [ ! -x "$venv/bin/python" ]; then
+  log "creating virtual environment $venv"
+  "$py" -m venv "$venv"
+fi
+site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+mkdir -p "$venv/debian-mininet"
+ln -sfn /usr/lib/python3/dist-packages/mininet "$venv/debian-mininet/mininet"
+echo "$venv/debian-mininet" > "$site/debian_mininet.pth"
+
+req_hash=$(cat "$here/requirements.txt" "$here/pyproject.toml" | sha256sum | cut -c1-16)
+if [ ! -f "$venv/.req-$req_hash" ]; then
+  log "installing Python dependencies"
+  "$venv/bin/pip" install -q --disable-pip-version-check -r "$here/requirements.txt"
+  "$venv/bin/pip" install -q --disable-pip-version-check --no-deps -e "$here"
+  rm -f "$venv"/.req-* && touch "$venv/.req-$req_hash"
+fi
+log "ready: $venv/bin/fabric-emu"
