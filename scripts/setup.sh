@@ -20,9 +20,11 @@ fi
 apt_packages=(
   mininet openvswitch-switch openvswitch-common
   iperf3 ethtool tcpdump tshark iputils-ping iproute2 procps
-  clang llvm libbpf-dev bpftool
+  clang llvm libbpf-dev
   python3 python3-venv python3-dev git
 )
+# bpftool is its own package on Debian 12 but part of linux-tools on Ubuntu 24.04.
+if grep -qi ubuntu /etc/os-release; then apt_packages+=(linux-tools-common); else apt_packages+=(bpftool); fi
 
 missing=()
 for p in "${apt_packages[@]}"; do
@@ -40,13 +42,14 @@ mkdir -p "$stamp_dir" && touch "$apt_stamp"
 
 # Open vSwitch: the kernel module may be missing (it is on our CI kernel), so start the
 # daemons with ovs-ctl, which skips the module load when asked to.
-if ! ovs-vsctl --timeout=2 show >/dev/null 2>&1; then
+if ! ovs-vsctl --timeout=2 show >/dev/null 2>&1 || ! ovs-appctl --timeout=2 version >/dev/null 2>&1; then
   log "starting Open vSwitch daemons (userspace datapath)"
-  /usr/share/openvswitch/scripts/ovs-ctl start --system-id=random --no-ovs-vswitchd >/dev/null
-  /usr/share/openvswitch/scripts/ovs-ctl start --no-ovsdb-server --no-monitor >/dev/null 2>&1 \
-    || /usr/share/openvswitch/scripts/ovs-ctl start --no-ovsdb-server >/dev/null
+  /usr/share/openvswitch/scripts/ovs-ctl start --system-id=random >/dev/null 2>&1 || true
 fi
-ovs-vsctl --timeout=5 show >/dev/null
+if ! ovs-vsctl --timeout=5 show >/dev/null || ! ovs-appctl --timeout=5 version >/dev/null; then
+  echo "error: Open vSwitch did not start; see /var/log/openvswitch/" >&2
+  exit 1
+fi
 
 # Python: a venv on Debian's interpreter so Debian's mininet package is importable. We add
 # only mininet's directory to the venv's path (not all of dist-packages), so every other

@@ -1,0 +1,120 @@
+"""The `fabric-emu` command: run, show, clean."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from fabric_emu.config import SpecError, load_experiment, load_topology
+from fabric_emu.plan import build_plan, resolve_ranks
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Emulate RoCEv2 AI-cluster fabrics on Mininet and Open vSwitch.")
+out = Console()
+err = Console(stderr=True, soft_wrap=True)
+
+EXIT_OK, EXIT_RUNTIME, EXIT_INPUT = 0, 1, 2
+_debug = False
+
+
+@app.callback()
+def _main(debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False) -> None:
+    global _debug
+    _debug = debug
+
+
+def _input_error(e: SpecError) -> None:
+    for line in e.lines():
+        err.print(f"error: {line}", markup=False, highlight=False)
+    raise typer.Exit(EXIT_INPUT)
+
+
+def load_checked(path: Path, sets: list[str]):
+    """Load an experiment and check names that need the plan (rank host names)."""
+    spec = load_experiment(path, sets)
+    plan = build_plan(spec.topology)
+    try:
+        ranks = resolve_ranks(plan, spec.workload.ranks)
+    except KeyError as e:
+        names = [h.name for h in plan.hosts]
+        raise SpecError([(str(path), "workload.ranks",
+                          f"unknown host {e.args[0]!r} (hosts are {names[0]}..{names[-1]})")]) from None
+    return spec, plan, ranks
+
+
+def _is_topology_file(path: Path) -> bool:
+    from fabric_emu.config import _read_yaml
+
+    data = _read_yaml(path)
+    return isinstance(data, dict) and "kind" in data and "workload" not in data
+
+
+@app.command()
+def show(spec: Annotated[Path, typer.Argument(help="an experiment or topology YAML file")],
+         set_: Annotated[Optional[list[str]], typer.Option("--set", help="override dotted.key=value")] = None) -> None:
+    """Validate a spec and print its plan (needs no root)."""
+    from fabric_emu.show import print_plan
+
+    try:
+        if _is_topology_file(spec):
+            plan, ranks, exp = build_plan(load_topology(spec, set_ or [])), None, None
+        else:
+            exp, plan, ranks = load_checked(spec, set_ or [])
+    except SpecError as e:
+        _input_error(e)
+    print_plan(out, plan, exp, ranks)
+
+
+@app.command()
+def run(experiment: Annotated[Path, typer.Argument(help="experiment YAML file")],
+        out_dir: Annotated[Path, typer.Option("--out", help="results base folder")] = Path("results"),
+        set_: Annotated[Optional[list[str]], typer.Option("--set", help="override dotted.key=value")] = None) -> None:
+    """Build the fabric, run the workload, collect counters, tear down, write results."""
+    try:
+        spec, plan, ranks = load_checked(experiment, set_ or [])
+    except SpecError as e:
+        _input_error(e)
+    if os.geteuid() != 0:
+        err.print("error: fabric-emu run needs root (Mininet and Open vSwitch); try sudo")
+        raise typer.Exit(EXIT_RUNTIME)
+    from fabric_emu.runner import Runner
+
+    runner = Runner(spec, plan, ranks, out_dir, command=sys.argv, console=out)
+    code = runner.run(debug=_debug)
+    raise typer.Exit(code)
+
+
+@app.command()
+def clean() -> None:
+    """Remove everything earlier fabric-emu runs left behind on this machine, and nothing else."""
+    if os.geteuid() != 0:
+        err.print("error: fabric-emu clean needs root")
+        raise typer.Exit(EXIT_RUNTIME)
+    from fabric_emu.cleanup import clean_stale
+
+    removed, active = clean_stale()
+    for line in removed:
+        out.print(f"removed {line}", markup=False)
+    for run_id in active:
+        out.print(f"left alone: run {run_id} is still running", markup=False)
+    if not removed and not active:
+        out.print("nothing to clean")
+
+
+def main() -> None:
+    try:
+        app()
+    except SpecError as e:  # raised outside a command (defensive)
+        for line in e.lines():
+            err.print(f"error: {line}", markup=False)
+        sys.exit(EXIT_INPUT)
+    except Exception as e:  # noqa: BLE001 - one line unless --debug
+        if _debug:
+            raise
+        err.print(f"error: {type(e).__name__}: {e}", markup=False)
+        sys.exit(EXIT_RUNTIME)

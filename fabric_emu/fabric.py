@@ -1,0 +1,144 @@
+"""The emulated fabric: Mininet hosts and Open vSwitch switches built from a FabricPlan.
+
+This is kernel/process plumbing only; every decision (names, ports, addresses, rates) comes from
+the plan. Switches use OVS's userspace datapath (our CI kernel has no OVS module); each link end
+gets an egress queue (HTB at the emulated rate + a byte-limited FIFO) through fabric_emu.shaping.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from mininet.net import Mininet
+from mininet.node import Host, OVSSwitch, RemoteController
+from mininet.topo import Topo
+from pyroute2 import IPRoute
+
+from fabric_emu import shaping
+from fabric_emu.plan import FabricPlan
+from fabric_emu.records import OVS_OWNER_KEY, RunRecord
+
+
+class PlanTopo(Topo):
+    """A Mininet Topo that mirrors the plan exactly (names, MACs, IPs, port numbers)."""
+
+    def build(self, plan: FabricPlan) -> None:  # type: ignore[override]
+        for sw in plan.switches:
+            self.addSwitch(sw.name, dpid=f"{sw.dpid:016x}")
+        prefix = plan.subnet.split("/")[1]
+        for h in plan.hosts:
+            self.addHost(h.name, ip=f"{h.ip}/{prefix}", mac=h.mac)
+        for ln in plan.links:
+            self.addLink(ln.a, ln.b, port1=ln.a_port, port2=ln.b_port)
+
+
+class FabricSwitch(OVSSwitch):
+    """OVS bridge on the userspace datapath, tagged with the run id in the same transaction
+    that creates it, so cleanup can always tell our bridges from anyone else's."""
+
+    def __init__(self, name: str, run_id: str = "", **params) -> None:
+        params.setdefault("datapath", "user")
+        params.setdefault("failMode", "secure")
+        params.setdefault("protocols", "OpenFlow15")
+        super().__init__(name, **params)
+        self.run_id = run_id
+
+    def bridgeOpts(self) -> str:
+        return super().bridgeOpts() + f" external_ids:{OVS_OWNER_KEY}={self.run_id}"
+
+
+def existing_bridges() -> set[str]:
+    out = subprocess.run(["ovs-vsctl", "--timeout=10", "list-br"], check=True,
+                         capture_output=True, text=True).stdout
+    return set(out.split())
+
+
+def root_link_names() -> set[str]:
+    with IPRoute() as ipr:
+        return {link.get_attr("IFLA_IFNAME") for link in ipr.get_links()}
+
+
+def switch_interfaces(plan: FabricPlan) -> list[str]:
+    """The link ends that live in the root namespace (every switch port)."""
+    switches = set(plan.switch_by_name)
+    names = []
+    for ln in plan.links:
+        if ln.a in switches:
+            names.append(ln.a_intf)
+        if ln.b in switches:
+            names.append(ln.b_intf)
+    return names
+
+
+def conflicts(plan: FabricPlan) -> list[str]:
+    """Names the fabric needs that something else on this machine already uses."""
+    taken = existing_bridges() & set(plan.switch_by_name)
+    taken |= root_link_names() & (set(switch_interfaces(plan)) | set(plan.switch_by_name))
+    return sorted(taken)
+
+
+class Fabric:
+    """Build, start and stop the Mininet network for one run."""
+
+    def __init__(self, plan: FabricPlan, record: RunRecord, controller_port: int) -> None:
+        self.plan = plan
+        self.record = record
+        self.controller_port = controller_port
+        self.net: Mininet | None = None
+
+    def host(self, name: str) -> Host:
+        assert self.net is not None
+        return self.net.get(name)
+
+    def netns_of(self, node: str) -> str | None:
+        """Namespace path of a node's interfaces (None: the root namespace)."""
+        if node in self.plan.host_by_name:
+            return f"/proc/{self.host(node).pid}/ns/net"
+        return None
+
+    def start(self) -> None:
+        plan = self.plan
+        # Record the names before creating them: a kill -9 from here on is still cleanable.
+        self.record.bridges = [s.name for s in plan.switches]
+        self.record.interfaces = switch_interfaces(plan)
+        self.record.save()
+
+        def make_switch(name: str, **params) -> FabricSwitch:
+            return FabricSwitch(name, run_id=self.record.run_id, **params)
+
+        self.net = Mininet(topo=PlanTopo(plan=plan), switch=make_switch, controller=None,
+                           autoSetMacs=False, autoStaticArp=False, build=False,
+                           waitConnected=False)
+        self.net.addController(RemoteController("c0", ip="127.0.0.1", port=self.controller_port))
+        self.net.build()
+        for h in self.net.hosts:
+            self.record.add_process(h.pid, f"host-shell {h.name}")
+        self._prepare_interfaces()
+        self.net.start()
+        self._shape_links()
+
+    def _prepare_interfaces(self) -> None:
+        """MTU on every link end, no IPv6 chatter, and no TX checksum offload on hosts (the
+        userspace datapath forwards partially checksummed packets unfixed)."""
+        for ifname in switch_interfaces(self.plan):
+            Path(f"/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6").write_text("1")
+        with IPRoute() as ipr:
+            for ifname in switch_interfaces(self.plan):
+                ipr.link("set", index=ipr.link_lookup(ifname=ifname)[0], mtu=self.plan.mtu)
+        for h in self.net.hosts:
+            intf = self.plan.host_by_name[h.name].intf
+            h.cmd(f"sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1;"
+                  f" ip link set dev {intf} mtu {self.plan.mtu}; ethtool -K {intf} tx off >/dev/null")
+
+    def _shape_links(self) -> None:
+        ends = []
+        for ln in self.plan.links:
+            ends.append((ln.a_intf, self.netns_of(ln.a), ln.emulated_bps))
+            ends.append((ln.b_intf, self.netns_of(ln.b), ln.emulated_bps))
+        shaping.shape_many(ends, self.plan.port_buffer, self.plan.mtu)
+
+    def stop(self) -> None:
+        if self.net is not None:
+            self.net.stop()
+            self.net = None
