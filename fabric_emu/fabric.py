@@ -142,3 +142,16 @@ class Fabric:
         if self.net is not None:
             self.net.stop()
             self.net = None
+
+    def check_reachable(self, ranks: list[str], attempts: int = 3) -> None:
+        """Every rank pings its ring neighbour (all at once); this also fills the ARP caches."""
+        assert self.net is not None
+        pending = [(a, ranks[(i + 1) % len(ranks)]) for i, a in enumerate(ranks)]
+        for _ in range(attempts):
+            procs = [(a, b, self.host(a).popen(
+                ["ping", "-c1", "-W2", "-q", self.plan.host_by_name[b].ip],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)) for a, b in pending]
+            pending = [(a, b) for a, b, p in procs if p.wait() != 0]
+            if not pending:
+                return
+        raise RuntimeError("no connectivity: " + ", ".join(f"{a} -> {b}" for a, b in pending))

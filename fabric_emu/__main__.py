@@ -1,0 +1,3 @@
+from fabric_emu.cli import main
+
+main()

@@ -1,0 +1,69 @@
+"""Watch the machine during a run: if the CPU saturates, results are wrong, not slow."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+CPU_SATURATED = 0.95  # busy fraction of all cores above which a sample counts as saturated
+
+
+def _cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies summed over all cores."""
+    with open("/proc/stat") as f:
+        parts = [int(x) for x in f.readline().split()[1:]]
+    idle = parts[3] + parts[4]  # idle + iowait
+    total = sum(parts[:8])  # guest time is already counted in user
+    return total - idle, total
+
+
+@dataclass
+class CpuMonitor:
+    """Samples whole-machine CPU use in a background thread."""
+
+    interval_s: float = 0.5
+    samples: list[float] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> "CpuMonitor":
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="cpu-monitor")
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+
+    def _loop(self) -> None:
+        busy0, total0 = _cpu_times()
+        while not self._stop.wait(self.interval_s):
+            busy1, total1 = _cpu_times()
+            if total1 > total0:
+                self.samples.append((busy1 - busy0) / (total1 - total0))
+            busy0, total0 = busy1, total1
+
+    def summary(self) -> dict:
+        if not self.samples:
+            return {"cpu_busy_mean": None, "cpu_busy_max": None, "cpu_saturated_fraction": None}
+        return {
+            "cpu_busy_mean": round(sum(self.samples) / len(self.samples), 3),
+            "cpu_busy_max": round(max(self.samples), 3),
+            "cpu_saturated_fraction": round(
+                sum(s >= CPU_SATURATED for s in self.samples) / len(self.samples), 3),
+        }
+
+
+def verdict(cpu: dict, pacing_ratios: list[float]) -> list[str]:
+    """Reasons the run's numbers cannot be trusted (empty: nothing found)."""
+    warnings = []
+    sat = cpu.get("cpu_saturated_fraction")
+    if sat is not None and sat > 0.2:
+        warnings.append(f"CPU saturated in {sat:.0%} of samples: raise the dilation")
+    slow = [r for r in pacing_ratios if r < 0.9]
+    if slow:
+        warnings.append(f"{len(slow)} host agent(s) sent below 90% of their paced rate "
+                        f"(worst {min(slow):.2f}): the agents, not the fabric, limited the rate")
+    return warnings

@@ -1,0 +1,176 @@
+"""One experiment run: spec -> plan -> fabric -> traffic -> counters -> results.
+
+Owns the lifecycle: a lock so only one fabric exists at a time, a RunRecord so anything created
+can be removed even after kill -9, teardown on success, failure or Ctrl-C, and a results folder
+whose files are each written atomically.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from fabric_emu import counters, results
+from fabric_emu.cleanup import clean_record, clean_stale
+from fabric_emu.config import ExperimentSpec, resolved_dict
+from fabric_emu.fidelity import CpuMonitor
+from fabric_emu.plan import FabricPlan
+from fabric_emu.records import RunLock, RunRecord
+from fabric_emu.summary import build_summary, flow_rows, print_summary
+
+READY_TIMEOUT_S = 60.0
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM during a run."""
+
+
+class RunFailed(Exception):
+    """A run-time failure with a message meant for the user."""
+
+
+def _raise_interrupted(signum, frame):  # noqa: ARG001 - signal handler signature
+    raise Interrupted(signal.Signals(signum).name)
+
+
+class Runner:
+    def __init__(self, spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], out_base: Path,
+                 command: list[str], console: Console) -> None:
+        self.spec = spec
+        self.plan = plan
+        self.ranks = ranks
+        self.out_base = out_base
+        self.command = command
+        self.console = console
+        self.times: dict[str, float] = {}
+        self.ctrl = None  # set as soon as each part exists, so teardown always finds it
+        self.fabric = None
+
+    def say(self, msg: str) -> None:
+        self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {msg}", highlight=False)
+
+    # ------------------------------------------------------------------ lifecycle
+    def run(self, debug: bool = False) -> int:
+        lock = RunLock()
+        if not lock.acquire():
+            self.console.print("error: another fabric-emu run is in progress on this machine", style="red")
+            return 1
+        try:
+            removed, _ = clean_stale()
+            if removed:
+                self.say(f"removed {len(removed)} leftovers of an earlier run that did not finish")
+            from fabric_emu.fabric import conflicts
+
+            taken = conflicts(self.plan)
+            if taken:
+                self.console.print(f"error: names the fabric needs are already in use and are not "
+                                   f"fabric-emu's: {', '.join(taken[:8])}", style="red")
+                return 1
+            return self._run_locked(debug)
+        finally:
+            lock.release()
+
+    def _run_locked(self, debug: bool) -> int:
+        started = time.time()
+        run_dir = results.make_run_dir(self.out_base, self.spec.name, started)
+        results.write_yaml(run_dir / "experiment.yaml", resolved_dict(self.spec))
+        record = RunRecord.new(f"{results.utc_stamp(started)}-{os.getpid()}")
+        workdir = Path(tempfile.mkdtemp(prefix="fabric-emu-"))
+        record.paths = [str(workdir)]
+        record.save()
+        self.say(f"run {record.run_id}: {self.plan.name}, {len(self.plan.switches)} switches, "
+                 f"{len(self.plan.hosts)} hosts; results in {run_dir}")
+
+        state = {"status": "failed", "error": None}
+        traffic: dict = {}
+        old_int = signal.signal(signal.SIGINT, _raise_interrupted)
+        old_term = signal.signal(signal.SIGTERM, _raise_interrupted)
+        try:
+            self._bring_up(record, workdir)
+            traffic = self._traffic(record, workdir)
+            state["status"] = traffic["status"]
+        except Interrupted as e:
+            state.update(status="incomplete", error=f"interrupted ({e})")
+        except Exception as e:  # noqa: BLE001 - every failure still tears down and reports
+            state.update(status="failed", error=f"{type(e).__name__}: {e}")
+            if debug:
+                import traceback
+                traceback.print_exc()
+        finally:
+            # Teardown must finish even if the user presses Ctrl-C again.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            self._tear_down(record, workdir, run_dir)
+            signal.signal(signal.SIGINT, old_int)
+            signal.signal(signal.SIGTERM, old_term)
+
+        ended = time.time()
+        summary = build_summary(self.spec, self.plan, self.ranks, traffic, state)
+        results.write_json(run_dir / "summary.json", summary)
+        results.write_json(run_dir / "metadata.json", {
+            **results.environment(),
+            "command": self.command, "seed": self.spec.seed, "run_id": record.run_id,
+            "start": results.iso(started), "end": results.iso(ended),
+            "phases_s": {k: round(v, 3) for k, v in self.times.items()},
+            "dilation": self.plan.dilation, "status": summary["status"], "error": state["error"],
+        })
+        if traffic.get("ports"):
+            results.write_csv(run_dir / "ports.csv", [p.row() for p in traffic["ports"]])
+        if traffic.get("agents"):
+            results.write_csv(run_dir / "flows.csv", flow_rows(self.plan, traffic["agents"]))
+        print_summary(self.console, summary, run_dir)
+        if state["error"]:
+            self.console.print(f"error: {state['error']}", style="red", soft_wrap=True)
+        return 0 if summary["status"] == "ok" else 1
+
+    def _bring_up(self, record: RunRecord, workdir: Path):
+        from fabric_emu.controller_proc import start_controller
+        from fabric_emu.fabric import Fabric
+
+        t = time.monotonic()
+        plan_path = workdir / "plan.json"
+        plan_path.write_text(self.plan.to_json())
+        self.ctrl = start_controller(plan_path, workdir, lb_mode=self.spec.load_balancing)
+        record.add_process(self.ctrl.pid, "controller")
+        self.fabric = Fabric(self.plan, record, self.ctrl.port)
+        self.fabric.start()
+        if not self.ctrl.wait_ready(READY_TIMEOUT_S):
+            raise RunFailed(f"the controller did not program all switches within {READY_TIMEOUT_S:.0f}s")
+        self.times["bring_up"] = time.monotonic() - t
+        self.say(f"fabric up and routed in {self.times['bring_up']:.1f}s")
+        self.fabric.check_reachable(self.ranks)
+
+    def _traffic(self, record: RunRecord, workdir: Path) -> dict:
+        from fabric_emu.workload import run_agents
+
+        before = counters.snapshot(self.plan)
+        t = time.monotonic()
+        with CpuMonitor() as cpu:
+            agents = run_agents(self.spec, self.plan, self.ranks, self.fabric, record, workdir, self.say)
+        self.times["traffic"] = time.monotonic() - t
+        after = counters.snapshot(self.plan)
+        status = "ok" if agents and all(a.get("status") == "ok" for a in agents.values()) else "incomplete"
+        return {"status": status, "agents": agents, "ports": counters.delta(after, before),
+                "cpu": cpu.summary()}
+
+    def _tear_down(self, record: RunRecord, workdir: Path, run_dir: Path) -> None:
+        t = time.monotonic()
+        if self.fabric is not None:
+            try:
+                self.fabric.stop()
+            except Exception as e:  # noqa: BLE001 - the record-based clean below still runs
+                self.say(f"fabric stop failed ({e}); cleaning from the run record")
+        if self.ctrl is not None:
+            self.ctrl.stop()
+        logs = run_dir / "logs"
+        logs.mkdir(exist_ok=True)
+        for f in workdir.glob("*.log"):
+            shutil.copy2(f, logs / f.name)
+        clean_record(record)
+        self.times["tear_down"] = time.monotonic() - t
