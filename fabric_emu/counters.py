@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 from fabric_emu import shaping
 from fabric_emu.plan import FabricPlan
 
 OVS_KEYS = ("rx_bytes", "rx_packets", "tx_bytes", "tx_packets", "rx_dropped", "tx_dropped")
+COUNTERS = (*OVS_KEYS, "queue_drops", "queue_overlimits")
 
 
 @dataclass
@@ -42,11 +43,8 @@ class PortCounters:
         return d
 
     def minus(self, before: "PortCounters") -> "PortCounters":
-        out = PortCounters(self.switch, self.port, self.intf, self.peer, self.kind)
-        for f in fields(self):
-            if f.type in ("int", int):
-                setattr(out, f.name, getattr(self, f.name) - getattr(before, f.name))
-        return out
+        diff = {k: getattr(self, k) - getattr(before, k) for k in COUNTERS}
+        return PortCounters(self.switch, self.port, self.intf, self.peer, self.kind, **diff)
 
 
 def ovs_interface_stats() -> dict[str, dict[str, int]]:
@@ -65,14 +63,15 @@ def snapshot(plan: FabricPlan) -> list[PortCounters]:
     ovs = ovs_interface_stats()
     rows = []
     ends = [(sw.name, p) for sw in plan.switches for p in plan.ports(sw.name)]
-    queues = shaping.egress_stats_many([p.intf for _, p in ends])
+    with shaping.IPRoutePool() as pool:
+        queues = {p.intf: shaping.egress_stats(p.intf, pool=pool) for _, p in ends}
     for sw, p in ends:
         s = ovs.get(p.intf, {})
-        q = queues.get(p.intf)
+        q = queues[p.intf]
         rows.append(PortCounters(
             switch=sw, port=p.port, intf=p.intf, peer=p.peer, kind=p.kind,
             **{k: s.get(k, 0) for k in OVS_KEYS},
-            queue_drops=q.drops if q else 0, queue_overlimits=q.overlimits if q else 0,
+            queue_drops=q.drops, queue_overlimits=q.overlimits,
         ))
     return rows
 

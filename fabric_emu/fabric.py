@@ -7,6 +7,7 @@ gets an egress queue (HTB at the emulated rate + a byte-limited FIFO) through fa
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -132,11 +133,11 @@ class Fabric:
                   f" ip link set dev {intf} mtu {self.plan.mtu}; ethtool -K {intf} tx off >/dev/null")
 
     def _shape_links(self) -> None:
-        ends = []
-        for ln in self.plan.links:
-            ends.append((ln.a_intf, self.netns_of(ln.a), ln.emulated_bps))
-            ends.append((ln.b_intf, self.netns_of(ln.b), ln.emulated_bps))
-        shaping.shape_many(ends, self.plan.port_buffer, self.plan.mtu)
+        buf, mtu = self.plan.port_buffer, self.plan.mtu
+        shaping.shape_all(
+            shaping.EgressPort(intf, ln.emulated_bps, buf, mtu, self.netns_of(node))
+            for ln in self.plan.links
+            for node, intf in ((ln.a, ln.a_intf), (ln.b, ln.b_intf)))
 
     def stop(self) -> None:
         if self.net is not None:
@@ -155,3 +156,26 @@ class Fabric:
             if not pending:
                 return
         raise RuntimeError("no connectivity: " + ", ".join(f"{a} -> {b}" for a, b in pending))
+
+    def uplink_of(self, src: str, dst: str, udp_src: int) -> str:
+        """The spine the source leaf's OpenFlow tables send this RoCE flow to ('' when both
+        hosts share a leaf), as decided by OVS itself (ofproto/trace of the installed rules)."""
+        s, d = self.plan.host_by_name[src], self.plan.host_by_name[dst]
+        if s.leaf == d.leaf:
+            return ""
+        flow = (f"udp,in_port={s.leaf_port},dl_src={s.mac},dl_dst={d.mac},nw_src={s.ip},"
+                f"nw_dst={d.ip},tp_src={udp_src},tp_dst=4791")
+        trace = subprocess.run(["ovs-appctl", "ofproto/trace", s.leaf, flow],
+                               capture_output=True, text=True, timeout=10).stdout
+        tree = trace.split("Final flow:")[0]
+        ports = re.findall(r"\boutput:(\d+)", tree)
+        if not ports:
+            return "?"
+        by_port = {p.port: p.peer for p in self.plan.ports(s.leaf)}
+        return by_port.get(int(ports[-1]), "?")
+
+    def annotate_uplinks(self, agents: dict[str, dict]) -> None:
+        """Add the chosen uplink to every sender QP in the agents' stats."""
+        for src, stats in agents.items():
+            for qp in stats.get("senders", []):
+                qp["uplink"] = self.uplink_of(src, qp["dst"], qp["udp_src"])

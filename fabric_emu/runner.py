@@ -51,6 +51,7 @@ class Runner:
         self.times: dict[str, float] = {}
         self.ctrl = None  # set as soon as each part exists, so teardown always finds it
         self.fabric = None
+        self.traffic: dict = {}  # what the traffic phase measured, even if it was cut short
 
     def say(self, msg: str) -> None:
         self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {msg}", highlight=False)
@@ -88,13 +89,12 @@ class Runner:
                  f"{len(self.plan.hosts)} hosts; results in {run_dir}")
 
         state = {"status": "failed", "error": None}
-        traffic: dict = {}
         old_int = signal.signal(signal.SIGINT, _raise_interrupted)
         old_term = signal.signal(signal.SIGTERM, _raise_interrupted)
         try:
             self._bring_up(record, workdir)
-            traffic = self._traffic(record, workdir)
-            state["status"] = traffic["status"]
+            self._traffic(record, workdir)
+            state["status"] = self.traffic["status"]
         except Interrupted as e:
             state.update(status="incomplete", error=f"interrupted ({e})")
         except Exception as e:  # noqa: BLE001 - every failure still tears down and reports
@@ -111,6 +111,7 @@ class Runner:
             signal.signal(signal.SIGTERM, old_term)
 
         ended = time.time()
+        traffic = self.traffic
         summary = build_summary(self.spec, self.plan, self.ranks, traffic, state)
         results.write_json(run_dir / "summary.json", summary)
         results.write_json(run_dir / "metadata.json", {
@@ -138,6 +139,7 @@ class Runner:
         plan_path.write_text(self.plan.to_json())
         self.ctrl = start_controller(plan_path, workdir, lb_mode=self.spec.load_balancing)
         record.add_process(self.ctrl.pid, "controller")
+        self.ctrl.wait_listening()
         self.fabric = Fabric(self.plan, record, self.ctrl.port)
         self.fabric.start()
         if not self.ctrl.wait_ready(READY_TIMEOUT_S):
@@ -146,18 +148,25 @@ class Runner:
         self.say(f"fabric up and routed in {self.times['bring_up']:.1f}s")
         self.fabric.check_reachable(self.ranks)
 
-    def _traffic(self, record: RunRecord, workdir: Path) -> dict:
+    def _traffic(self, record: RunRecord, workdir: Path) -> None:
         from fabric_emu.workload import run_agents
 
         before = counters.snapshot(self.plan)
         t = time.monotonic()
+        cut_short: BaseException | None = None
         with CpuMonitor() as cpu:
-            agents = run_agents(self.spec, self.plan, self.ranks, self.fabric, record, workdir, self.say)
+            try:
+                agents = run_agents(self.spec, self.plan, self.ranks, self.fabric, record, workdir, self.say)
+            except Interrupted as e:
+                agents, cut_short = getattr(e, "agent_stats", {}), e
         self.times["traffic"] = time.monotonic() - t
         after = counters.snapshot(self.plan)
-        status = "ok" if agents and all(a.get("status") == "ok" for a in agents.values()) else "incomplete"
-        return {"status": status, "agents": agents, "ports": counters.delta(after, before),
-                "cpu": cpu.summary()}
+        ok = agents and all(a.get("status") == "ok" for a in agents.values())
+        self.fabric.annotate_uplinks(agents)
+        self.traffic = {"status": "ok" if ok and not cut_short else "incomplete", "agents": agents,
+                        "ports": counters.delta(after, before), "cpu": cpu.summary()}
+        if cut_short is not None:
+            raise cut_short
 
     def _tear_down(self, record: RunRecord, workdir: Path, run_dir: Path) -> None:
         t = time.monotonic()

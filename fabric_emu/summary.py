@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from fabric_emu.collectives import busbw_factor
+from fabric_emu.collectives import allreduce_busbw
 from fabric_emu.config import ExperimentSpec
 from fabric_emu.counters import totals
 from fabric_emu.fidelity import verdict
@@ -41,7 +41,7 @@ def iteration_times(agents: dict[str, dict]) -> list[dict]:
 def bandwidths(size_bytes: int, time_s: float, n_ranks: int, dilation: float) -> dict:
     """nccl-tests algbw and busbw, emulated and modelled (x dilation), in Gb/s."""
     algbw = size_bytes * 8 / time_s / 1e9
-    busbw = algbw * busbw_factor("allreduce", n_ranks)
+    busbw = allreduce_busbw(algbw, n_ranks)
     return {
         "algbw_gbps": algbw * dilation, "busbw_gbps": busbw * dilation,
         "algbw_emulated_gbps": algbw, "busbw_emulated_gbps": busbw,

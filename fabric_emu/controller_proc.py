@@ -1,0 +1,107 @@
+"""Start, watch and stop the os-ken controller process (python -m controller).
+
+The controller runs in its own session so a Ctrl-C in the orchestrator's terminal reaches the
+orchestrator only, which then stops the controller in order; it logs to <workdir>/controller.log.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+LISTEN_HOST = "127.0.0.1"
+
+
+def free_tcp_port(host: str = LISTEN_HOST) -> int:
+    """A port the kernel just called free (another process could still take it; rarely does)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _tail(path: Path, n: int = 20) -> str:
+    try:
+        with path.open(errors="replace") as f:
+            return "".join(deque(f, maxlen=n))
+    except FileNotFoundError:
+        return "(no log)"
+
+
+@dataclass
+class ControllerProcess:
+    proc: subprocess.Popen
+    port: int
+    ready_file: Path
+    log_file: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def target(self) -> str:
+        """What a switch's controller setting should be (ovs-vsctl set-controller BR TARGET)."""
+        return f"tcp:{LISTEN_HOST}:{self.port}"
+
+    def wait_listening(self, timeout: float = 30.0) -> None:
+        """Return once the OpenFlow port accepts connections, so switches connect at once."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._raise_if_dead()
+            try:
+                with socket.create_connection((LISTEN_HOST, self.port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"controller did not listen on {self.target} within {timeout:.0f}s")
+
+    def _raise_if_dead(self) -> None:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"controller exited with status {self.proc.returncode}; "
+                               f"last lines of {self.log_file}:\n{_tail(self.log_file)}")
+
+    def wait_ready(self, timeout: float = 30.0) -> bool:
+        """True once every planned switch is programmed; False on timeout; raises if it died."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.ready_file.exists():
+                return True
+            self._raise_if_dead()
+            time.sleep(0.1)
+        return self.ready_file.exists()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """SIGTERM, then SIGKILL if it does not exit in time; only this pid, never a pattern."""
+        if self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def start_controller(plan_path: str | os.PathLike, workdir: str | os.PathLike,
+                     port: int | None = None, lb_mode: str = "ecmp") -> ControllerProcess:
+    """Start the controller for a plan JSON and return at once; wait_ready once switches exist."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = port or free_tcp_port()
+    ready_file = workdir / "controller.ready"
+    ready_file.unlink(missing_ok=True)  # a stale file would claim readiness
+    log_file = workdir / "controller.log"
+    cmd = [sys.executable, "-m", "controller", "--plan", str(Path(plan_path).resolve()),
+           "--ready-file", str(ready_file.resolve()), "--ofp-port", str(port),
+           "--listen", LISTEN_HOST, "--lb-mode", lb_mode]
+    with log_file.open("ab") as log:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    return ControllerProcess(proc, port, ready_file, log_file)

@@ -1,0 +1,173 @@
+"""FabricCore with no switch: what each switch gets, and packets walked through it by hand.
+
+The 2 spines x 4 leaves x 2 hosts plan: leaf ports 1-2 face hosts, 3-4 face spine1-2.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+from scapy.layers.inet import IP, UDP
+from scapy.layers.l2 import ARP, Ether
+
+from controller.core import (ECMP_HASH_FIELDS, FabricCore, Flow, Group, Output, PacketOut,
+                             ResetSwitch, ToController, ToGroup)
+from fabric_emu.config import TopologySpec
+from fabric_emu.plan import FabricPlan, Host, build_plan
+
+
+@pytest.fixture(scope="module")
+def plan() -> FabricPlan:
+    spec = TopologySpec(name="t", kind="leaf-spine", spines=2, leaves=4, hosts_per_leaf=2)
+    return build_plan(spec)
+
+
+@pytest.fixture(scope="module")
+def core(plan: FabricPlan) -> FabricCore:
+    return FabricCore(plan, "ecmp")
+
+
+# --------------------------------------------------------------------------- a hand-walker
+def _matches(match: dict, pkt: dict) -> bool:
+    for field, want in match.items():
+        have = pkt.get(field)
+        if isinstance(want, tuple):  # (address, mask)
+            net = ipaddress.ip_network(f"{want[0]}/{want[1]}")
+            if have is None or ipaddress.ip_address(have) not in net:
+                return False
+        elif have != want:
+            return False
+    return True
+
+
+def _out_ports(msgs: list, pkt: dict) -> list[int]:
+    """Every port the best-matching flow may send pkt to (each bucket of a group counts)."""
+    flows = sorted((m for m in msgs if isinstance(m, Flow)), key=lambda f: -f.priority)
+    groups = {m.group_id: m for m in msgs if isinstance(m, Group)}
+    flow = next(f for f in flows if _matches(f.match, pkt))
+    actions = []
+    for a in flow.actions:
+        if isinstance(a, ToGroup):
+            actions += [ba for b in groups[a.group_id].buckets for ba in b.actions]
+        else:
+            actions.append(a)
+    return [a.port for a in actions if isinstance(a, Output)]
+
+
+def _paths(plan: FabricPlan, core: FabricCore, src: Host, dst: Host) -> list[list[str]]:
+    """Every node sequence a UDP packet from src to dst can take, over every bucket choice."""
+    msgs = {s.name: core.switch_up(s.dpid) for s in plan.switches}
+    pkt = {"eth_type": 0x0800, "ipv4_src": src.ip, "ipv4_dst": dst.ip, "ip_proto": 17}
+    done, walking = [], [[src.name, src.leaf]]
+    while walking:
+        path = walking.pop()
+        assert len(path) <= 5, f"loop or detour: {path}"
+        ports = {p.port: p.peer for p in plan.ports(path[-1])}
+        for out in _out_ports(msgs[path[-1]], pkt):
+            nxt = path + [ports[out]]
+            (done if ports[out] in plan.host_by_name else walking).append(nxt)
+    return done
+
+
+# --------------------------------------------------------------------------- what switches get
+def test_every_leaf_has_one_select_group_over_its_uplinks(plan, core):
+    for leaf in plan.leaves:
+        groups = [m for m in core.switch_up(leaf.dpid) if isinstance(m, Group)]
+        assert len(groups) == 1
+        group = groups[0]
+        assert group.type == "select"
+        bucket_ports = sorted(b.actions[0].port for b in group.buckets)
+        assert bucket_ports == [p.port for p in plan.uplinks(leaf.name)]
+        assert "udp_src" in group.hash_fields
+        assert group.hash_fields == ECMP_HASH_FIELDS
+
+
+def test_spines_have_no_groups(plan, core):
+    for spine in plan.spines:
+        assert not [m for m in core.switch_up(spine.dpid) if isinstance(m, Group)]
+
+
+def test_switch_up_resets_first_then_groups_then_flows_ending_in_drop(plan, core):
+    msgs = core.switch_up(plan.leaves[0].dpid)
+    assert isinstance(msgs[0], ResetSwitch)
+    group_at = [i for i, m in enumerate(msgs) if isinstance(m, Group)]
+    flow_at = [i for i, m in enumerate(msgs) if isinstance(m, Flow)]
+    assert max(group_at) < min(flow_at)  # a flow may only point at an existing group
+    lowest = min((m for m in msgs if isinstance(m, Flow)), key=lambda f: f.priority)
+    assert (lowest.match, lowest.actions) == ({}, ())
+    arp = [m for m in msgs if isinstance(m, Flow) and m.match.get("eth_type") == 0x0806]
+    assert [f.actions for f in arp] == [(ToController(),)]
+
+
+def test_h1_reaches_every_host_through_every_uplink(plan, core):
+    h1 = plan.host_by_name["h1"]
+    for dst in plan.hosts[1:]:
+        paths = _paths(plan, core, h1, dst)
+        assert {p[-1] for p in paths} == {dst.name}
+        assert all(p[-2] == dst.leaf for p in paths)
+        if dst.leaf == h1.leaf:
+            assert paths == [["h1", h1.leaf, dst.name]]
+        else:
+            assert sorted(p[2] for p in paths) == [s.name for s in plan.spines]
+
+
+def test_spines_route_every_leaf_prefix(plan, core):
+    for spine in plan.spines:
+        msgs = core.switch_up(spine.dpid)
+        port_to = {p.peer: p.port for p in plan.ports(spine.name)}
+        for leaf in plan.leaves:
+            prefix = ipaddress.ip_network(f"10.0.{leaf.index}.0/24")
+            dst = str(prefix.network_address + 200)  # any address of the prefix, planned or not
+            assert _out_ports(msgs, {"eth_type": 0x0800, "ipv4_dst": dst}) == [port_to[leaf.name]]
+
+
+def test_unknown_dpid_raises(core):
+    with pytest.raises(KeyError):
+        core.switch_up(0xDEAD)
+
+
+# --------------------------------------------------------------------------- proxy ARP
+def _arp_request(asker: Host, target_ip: str, op: int = 1) -> bytes:
+    return bytes(Ether(src=asker.mac, dst="ff:ff:ff:ff:ff:ff")
+                 / ARP(op=op, hwsrc=asker.mac, psrc=asker.ip, pdst=target_ip))
+
+
+def test_arp_request_for_h5_is_answered_with_h5_mac(plan, core):
+    h1, h5 = plan.host_by_name["h1"], plan.host_by_name["h5"]
+    leaf1 = plan.switch_by_name[h1.leaf]
+    out = core.packet_in(leaf1.dpid, h1.leaf_port, _arp_request(h1, h5.ip))
+    assert len(out) == 1 and isinstance(out[0], PacketOut)
+    assert out[0].out_port == h1.leaf_port
+    reply = Ether(out[0].data)
+    assert (reply.src, reply.dst) == (h5.mac, h1.mac)
+    arp = reply[ARP]
+    assert (arp.op, arp.hwsrc, arp.psrc, arp.hwdst, arp.pdst) == (2, h5.mac, h5.ip, h1.mac, h1.ip)
+
+
+def test_arp_for_unplanned_or_own_address_is_ignored(plan, core):
+    h1 = plan.host_by_name["h1"]
+    leaf1 = plan.switch_by_name[h1.leaf]
+    assert core.packet_in(leaf1.dpid, h1.leaf_port, _arp_request(h1, "10.0.9.9")) == []
+    assert core.packet_in(leaf1.dpid, h1.leaf_port, _arp_request(h1, h1.ip)) == []
+
+
+def test_non_arp_request_packet_in_produces_nothing(plan, core):
+    h1, h5 = plan.host_by_name["h1"], plan.host_by_name["h5"]
+    leaf1 = plan.switch_by_name[h1.leaf]
+    udp = Ether(src=h1.mac, dst=h5.mac) / IP(src=h1.ip, dst=h5.ip) / UDP(sport=49152, dport=4791)
+    assert core.packet_in(leaf1.dpid, h1.leaf_port, bytes(udp)) == []
+    assert core.packet_in(leaf1.dpid, h1.leaf_port, _arp_request(h1, h5.ip, op=2)) == []
+    assert core.packet_in(leaf1.dpid, h1.leaf_port, b"\x00" * 10) == []
+
+
+# --------------------------------------------------------------------------- modes
+@pytest.mark.parametrize("mode", ["dlb", "spray"])
+def test_planned_modes_raise_not_implemented(plan, mode):
+    with pytest.raises(ValueError, match="not implemented yet"):
+        FabricCore(plan, mode)
+
+
+def test_unknown_mode_raises(plan):
+    with pytest.raises(ValueError, match="unknown load balancing"):
+        FabricCore(plan, "random")
