@@ -44,6 +44,12 @@ def load_checked(path: Path, sets: list[str]):
         names = [h.name for h in plan.hosts]
         raise SpecError([(str(path), "workload.ranks",
                           f"unknown host {e.args[0]!r} (hosts are {names[0]}..{names[-1]})")]) from None
+    if spec.capture is not None:
+        ports = {p.intf for sw in plan.switches for p in plan.ports(sw.name)}
+        for i, name in enumerate(spec.capture.ports):
+            if name not in ports:
+                raise SpecError([(str(path), f"capture.ports.{i}",
+                                  f"no switch port {name!r} in this fabric (see fabric-emu show)")])
     return spec, plan, ranks
 
 

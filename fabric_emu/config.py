@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import (
     BaseModel,
@@ -100,6 +100,16 @@ class AllReduceWorkload(Strict):
 
 Workload = Annotated[Union[AllReduceWorkload], Field(discriminator="type")]
 
+SWITCH_PORT_RE = r"^(spine|leaf)[0-9]{1,3}-eth[0-9]{1,3}$"
+
+
+class CaptureSpec(Strict):
+    """Record RoCEv2 packets seen on switch ports into the results folder (pcap files)."""
+
+    ports: list[Annotated[str, Field(pattern=SWITCH_PORT_RE)]] = Field(min_length=1, max_length=16)
+    packets: int = Field(default=200, ge=1, le=100_000, description="per port")
+    snaplen: int = Field(default=0, ge=0, le=65535, description="bytes kept per packet; 0 = all")
+
 
 class ExperimentSpec(Strict):
     name: str = Field(pattern=NAME_RE)
@@ -109,6 +119,7 @@ class ExperimentSpec(Strict):
     seed: int = Field(default=1, ge=0, le=2**32 - 1)
     timeout: Seconds = Field(default=600.0, gt=0, le=86400,
                              description="wall-clock limit of the traffic phase")
+    capture: Optional[CaptureSpec] = None
 
     @field_validator("load_balancing")
     @classmethod

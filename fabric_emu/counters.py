@@ -1,12 +1,14 @@
-"""Switch port counters: Open vSwitch interface statistics plus the kernel egress queues.
+"""Switch port counters: OpenFlow port statistics, the kernel egress queues, and the drops of
+the sockets through which OVS's userspace datapath receives from each port.
 
 Snapshots are taken before and after the traffic phase; results use the difference, so ARP,
-controller chatter and set-up traffic do not count.
+controller chatter and set-up traffic do not count. Port statistics are read live over
+OpenFlow: the OVSDB statistics column is refreshed only every 5 s.
 """
 
 from __future__ import annotations
 
-import json
+import re
 import subprocess
 from dataclasses import asdict, dataclass
 
@@ -14,7 +16,7 @@ from fabric_emu import shaping
 from fabric_emu.plan import FabricPlan
 
 OVS_KEYS = ("rx_bytes", "rx_packets", "tx_bytes", "tx_packets", "rx_dropped", "tx_dropped")
-COUNTERS = (*OVS_KEYS, "queue_drops", "queue_overlimits")
+COUNTERS = (*OVS_KEYS, "rx_socket_drops", "queue_drops", "queue_overlimits")
 
 
 @dataclass
@@ -30,12 +32,13 @@ class PortCounters:
     tx_packets: int = 0
     rx_dropped: int = 0  # OVS could not take the packet in
     tx_dropped: int = 0  # OVS could not hand the packet to the device
+    rx_socket_drops: int = 0  # the port's receive socket in ovs-vswitchd overflowed
     queue_drops: int = 0  # tail drops of the egress buffer (kernel bfifo)
     queue_overlimits: int = 0
 
     @property
     def drops(self) -> int:
-        return self.rx_dropped + self.tx_dropped + self.queue_drops
+        return self.rx_dropped + self.tx_dropped + self.rx_socket_drops + self.queue_drops
 
     def row(self) -> dict:
         d = asdict(self)
@@ -47,30 +50,52 @@ class PortCounters:
         return PortCounters(self.switch, self.port, self.intf, self.peer, self.kind, **diff)
 
 
-def ovs_interface_stats() -> dict[str, dict[str, int]]:
-    """Statistics of every OVS interface, by name, from one ovs-vsctl call."""
-    out = subprocess.run(
-        ["ovs-vsctl", "--timeout=10", "--format=json", "--columns=name,statistics",
-         "list", "interface"], check=True, capture_output=True, text=True).stdout
-    stats = {}
-    for name, (_, pairs) in json.loads(out)["data"]:
-        stats[name] = {k: int(v) for k, v in pairs}
-    return stats
+_PORT_STATS = re.compile(
+    r"port\s+(\d+): rx pkts=(\d+), bytes=(\d+), drop=(\d+).*?\n\s+tx pkts=(\d+), bytes=(\d+), drop=(\d+)")
+_SOCKET_DROPS = re.compile(r"\*:(\S+)\s.*\"ovs-vswitchd\".*skmem:\(.*\bd(\d+)\)")
+
+
+def parse_dump_ports(text: str) -> dict[int, dict[str, int]]:
+    """`ovs-ofctl dump-ports` output -> {port number: counters}."""
+    out = {}
+    for m in _PORT_STATS.finditer(text):
+        rxp, rxb, rxd, txp, txb, txd = map(int, m.groups()[1:])
+        out[int(m.group(1))] = {"rx_packets": rxp, "rx_bytes": rxb, "rx_dropped": rxd,
+                                "tx_packets": txp, "tx_bytes": txb, "tx_dropped": txd}
+    return out
+
+
+def port_stats(switch: str) -> dict[int, dict[str, int]]:
+    out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow15", "--no-names", "dump-ports", switch],
+                         check=True, capture_output=True, text=True, timeout=10).stdout
+    return parse_dump_ports(out)
+
+
+def parse_socket_drops(text: str) -> dict[str, int]:
+    """`ss -0 -a -m -n -p` output -> {interface: drops of ovs-vswitchd's packet socket on it}."""
+    return {m.group(1): int(m.group(2)) for m in map(_SOCKET_DROPS.search, text.splitlines()) if m}
+
+
+def ovs_socket_drops() -> dict[str, int]:
+    out = subprocess.run(["ss", "-0", "-a", "-m", "-n", "-p"], check=True, capture_output=True,
+                         text=True, timeout=10).stdout
+    return parse_socket_drops(out)
 
 
 def snapshot(plan: FabricPlan) -> list[PortCounters]:
     """Counters of every switch port, in plan order."""
-    ovs = ovs_interface_stats()
+    socket_drops = ovs_socket_drops()
     rows = []
     ends = [(sw.name, p) for sw in plan.switches for p in plan.ports(sw.name)]
+    stats = {sw.name: port_stats(sw.name) for sw in plan.switches}
     with shaping.IPRoutePool() as pool:
         queues = {p.intf: shaping.egress_stats(p.intf, pool=pool) for _, p in ends}
     for sw, p in ends:
-        s = ovs.get(p.intf, {})
+        s = stats[sw].get(p.port, {})
         q = queues[p.intf]
         rows.append(PortCounters(
             switch=sw, port=p.port, intf=p.intf, peer=p.peer, kind=p.kind,
-            **{k: s.get(k, 0) for k in OVS_KEYS},
+            **{k: s.get(k, 0) for k in OVS_KEYS}, rx_socket_drops=socket_drops.get(p.intf, 0),
             queue_drops=q.drops, queue_overlimits=q.overlimits,
         ))
     return rows

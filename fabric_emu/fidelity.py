@@ -56,9 +56,12 @@ class CpuMonitor:
         }
 
 
-def verdict(cpu: dict, pacing_ratios: list[float]) -> list[str]:
+def verdict(cpu: dict, pacing_ratios: list[float], unexplained_loss: int = 0) -> list[str]:
     """Reasons the run's numbers cannot be trusted (empty: nothing found)."""
     warnings = []
+    if unexplained_loss:
+        warnings.append(f"{unexplained_loss} packet(s) were lost where no switch counter saw them "
+                        "(host or kernel buffers of the emulator): raise the dilation")
     sat = cpu.get("cpu_saturated_fraction")
     if sat is not None and sat > 0.2:
         warnings.append(f"CPU saturated in {sat:.0%} of samples: raise the dilation")

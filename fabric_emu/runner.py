@@ -17,6 +17,7 @@ from pathlib import Path
 from rich.console import Console
 
 from fabric_emu import counters, results
+from fabric_emu.capture import Captures
 from fabric_emu.cleanup import clean_record, clean_stale
 from fabric_emu.config import ExperimentSpec, resolved_dict
 from fabric_emu.fidelity import CpuMonitor
@@ -52,6 +53,7 @@ class Runner:
         self.ctrl = None  # set as soon as each part exists, so teardown always finds it
         self.fabric = None
         self.traffic: dict = {}  # what the traffic phase measured, even if it was cut short
+        self.captures: Captures | None = None
 
     def say(self, msg: str) -> None:
         self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {msg}", highlight=False)
@@ -147,6 +149,9 @@ class Runner:
         self.times["bring_up"] = time.monotonic() - t
         self.say(f"fabric up and routed in {self.times['bring_up']:.1f}s")
         self.fabric.check_reachable(self.ranks)
+        if self.spec.capture is not None:
+            self.captures = Captures(self.spec.capture, workdir, record)
+            self.captures.start()
 
     def _traffic(self, record: RunRecord, workdir: Path) -> None:
         from fabric_emu.workload import run_agents
@@ -170,6 +175,8 @@ class Runner:
 
     def _tear_down(self, record: RunRecord, workdir: Path, run_dir: Path) -> None:
         t = time.monotonic()
+        if self.captures is not None:
+            self.captures.stop(run_dir)
         if self.fabric is not None:
             try:
                 self.fabric.stop()
@@ -181,5 +188,10 @@ class Runner:
         logs.mkdir(exist_ok=True)
         for f in workdir.glob("*.log"):
             shutil.copy2(f, logs / f.name)
+        agents = run_dir / "agents"  # each agent's own measurements, for whoever digs deeper
+        for f in workdir.glob("agent-*.json"):
+            if not f.name.endswith(".config.json"):
+                agents.mkdir(exist_ok=True)
+                shutil.copy2(f, agents / f.name.removeprefix("agent-"))
         clean_record(record)
         self.times["tear_down"] = time.monotonic() - t

@@ -85,7 +85,7 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
             ],
         })
     if agents:
-        recv = [q for a in agents.values() for q in a.get("receivers", [])]
+        recv = [q for a in agents.values() for q in a.get("recv_qps", [])]
         summary["transport"] = {
             "bytes_received": sum(q["bytes"] for q in recv),
             "packets_received": sum(q["packets"] for q in recv),
@@ -96,29 +96,37 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
     ports = traffic.get("ports")
     if ports:
         summary["switch"] = totals(ports)
+    unexplained = 0
+    if ports and agents:
+        # Packets receivers never got that no switch queue or socket counted as dropped.
+        unexplained = max(0, summary["transport"]["missing_packets"] - summary["switch"]["drops"])
+        summary["transport"]["unexplained_loss_packets"] = unexplained
     cpu = traffic.get("cpu") or {}
-    pacing = [a["pacing"]["achieved_ratio"] for a in agents.values()
-              if a.get("pacing", {}).get("achieved_ratio") is not None]
-    warnings = verdict(cpu, pacing)
+    pacing = [a["pacing"]["achieved_bps"] / a["pacing"]["rate_bps"] for a in agents.values()
+              if a.get("pacing", {}).get("achieved_bps")]
+    warnings = verdict(cpu, pacing, unexplained)
     summary["fidelity"] = {**cpu, "agent_pacing_ratio_min": min(pacing) if pacing else None,
                            "trusted": not warnings, "warnings": warnings}
     return summary
 
 
 def flow_rows(plan: FabricPlan, agents: dict[str, dict]) -> list[dict]:
-    """One row per queue pair, seen from its sender, with what its receiver counted."""
-    received = {(q["src"], a_name, q["qpn"]): q for a_name, a in agents.items() for q in a.get("receivers", [])}
+    """One row per queue pair, seen from its sender, with what its receiver counted.
+
+    qpn is the sender's QP number, dest_qpn the receiver's (the BTH DestQP on the wire)."""
+    received = {(q["src"], dst, q["qpn"]): q for dst, a in agents.items() for q in a.get("recv_qps", [])}
     rows = []
     for src, a in agents.items():
-        for q in a.get("senders", []):
-            r = received.get((src, q["dst"], q["qpn"]), {})
+        for q in a.get("send_qps", []):
+            r = received.get((src, q["dst"], q["remote_qpn"]), {})
             first, last = q.get("first_tx"), q.get("last_tx")
             rows.append({
-                "src": src, "dst": q["dst"], "qpn": q["qpn"], "udp_src": q["udp_src"],
+                "src": src, "dst": q["dst"], "qpn": q["qpn"], "dest_qpn": q["remote_qpn"],
+                "udp_src": q["udp_src"],
                 "bytes": q["bytes"], "packets": q["packets"],
                 "duration_s": (last - first) if first and last else None,
                 "rx_bytes": r.get("bytes"), "rx_missing": r.get("missing"),
-                "rx_out_of_order": r.get("out_of_order"),
+                "rx_out_of_order": r.get("out_of_order"), "rx_ecn_ce": r.get("ecn_ce"),
                 "uplink": q.get("uplink", ""),
             })
     return rows

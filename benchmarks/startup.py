@@ -1,0 +1,111 @@
+"""Start-up and teardown of a 4-spine x 8-leaf x 4-host fabric, as a ratio against raw Mininet.
+
+fabric-emu: controller process, Mininet + OVS (userspace datapath), egress queues on every link
+end, routes installed and confirmed by barriers, every host pinging its ring neighbour.
+Baseline, measured in the same process: raw Mininet building the same graph with plain OVS
+bridges (userspace datapath, no controller, no queues). A leaf-spine graph has loops, so plain
+L2 switches cannot make hosts reachable without a controller or STP: the baseline stops at
+"bridges and links up", which flatters it.
+
+Runs both alternately (default 3 rounds) and prints medians and ratios. Needs root.
+  sudo .venv/bin/python benchmarks/startup.py [--rounds N] [--spines 4 --leaves 8 --hosts 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from mininet.log import setLogLevel
+from mininet.net import Mininet
+from mininet.node import OVSSwitch
+
+from fabric_emu.cleanup import clean_record
+from fabric_emu.config import TopologySpec
+from fabric_emu.controller_proc import start_controller
+from fabric_emu.fabric import Fabric, PlanTopo
+from fabric_emu.plan import FabricPlan, build_plan
+from fabric_emu.records import RunLock, RunRecord
+
+
+def fabric_emu_round(plan: FabricPlan) -> tuple[float, float]:
+    workdir = Path(tempfile.mkdtemp(prefix="fabric-emu-bench-"))
+    record = RunRecord.new(f"bench-{os.getpid()}-{time.time_ns()}")
+    record.paths = [str(workdir)]
+    record.save()
+    t0 = time.monotonic()
+    plan_path = workdir / "plan.json"
+    plan_path.write_text(plan.to_json())
+    ctrl = start_controller(plan_path, workdir)
+    record.add_process(ctrl.pid, "controller")
+    fabric = Fabric(plan, record, ctrl.port)
+    try:
+        ctrl.wait_listening()
+        fabric.start()
+        if not ctrl.wait_ready(60):
+            raise RuntimeError("controller not ready")
+        fabric.check_reachable([h.name for h in plan.hosts])
+        up = time.monotonic() - t0
+    finally:
+        t1 = time.monotonic()
+        fabric.stop()
+        ctrl.stop()
+        clean_record(record)
+    return up, time.monotonic() - t1
+
+
+def mininet_round(plan: FabricPlan) -> tuple[float, float]:
+    def switch(name: str, **params) -> OVSSwitch:
+        return OVSSwitch(name, datapath="user", failMode="secure", **params)
+
+    t0 = time.monotonic()
+    net = Mininet(topo=PlanTopo(plan=plan), switch=switch, controller=None, autoSetMacs=False)
+    net.start()
+    up = time.monotonic() - t0
+    t1 = time.monotonic()
+    net.stop()
+    return up, time.monotonic() - t1
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--spines", type=int, default=4)
+    ap.add_argument("--leaves", type=int, default=8)
+    ap.add_argument("--hosts", type=int, default=4)
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("needs root", file=sys.stderr)
+        return 1
+    setLogLevel("error")
+    plan = build_plan(TopologySpec(name="bench", kind="leaf-spine", spines=args.spines,
+                                   leaves=args.leaves, hosts_per_leaf=args.hosts))
+    lock = RunLock()
+    if not lock.acquire():
+        print("another fabric-emu run is in progress", file=sys.stderr)
+        return 1
+    ours: list[tuple[float, float]] = []
+    raw: list[tuple[float, float]] = []
+    try:
+        for _ in range(args.rounds):
+            raw.append(mininet_round(plan))
+            ours.append(fabric_emu_round(plan))
+    finally:
+        lock.release()
+    med = lambda xs, i: statistics.median(x[i] for x in xs)  # noqa: E731
+    print(f"fabric {args.spines}x{args.leaves}x{args.hosts}: {len(plan.switches)} switches, "
+          f"{len(plan.hosts)} hosts, {len(plan.links)} links; median of {args.rounds} rounds")
+    print(f"{'':28}{'start (s)':>10}{'stop (s)':>10}")
+    print(f"{'raw Mininet + plain OVS':28}{med(raw, 0):10.2f}{med(raw, 1):10.2f}")
+    print(f"{'fabric-emu (routed, pinged)':28}{med(ours, 0):10.2f}{med(ours, 1):10.2f}")
+    print(f"{'ratio':28}{med(ours, 0) / med(raw, 0):10.2f}{med(ours, 1) / med(raw, 1):10.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,10 @@
+"""Host agent: one process per host that plays the RDMA NIC and runs the collective workload.
+
+Run inside the host's network namespace as `python -m fabric_emu.agent CONFIG.json`;
+the config format is AgentConfig (fabric_emu.agent.config), the process protocol is in
+fabric_emu.agent.main.
+"""
+
+from fabric_emu.agent.config import AgentConfig, RankInfo, WorkloadConfig
+
+__all__ = ["AgentConfig", "RankInfo", "WorkloadConfig"]

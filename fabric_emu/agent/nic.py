@@ -1,0 +1,350 @@
+"""The emulated RDMA NIC: RC queue pairs that send paced RDMA WRITEs and account what arrives.
+
+Send path: a token bucket in Ethernet-frame bytes paces one process's traffic at the NIC line
+rate; packets go round-robin over the queue pairs that have work, one kernel UDP socket per QP
+(bound to the QP's fixed source port, so ECMP sees the QP's entropy). Receive path: one socket
+on port 4791, demultiplexed by the BTH DestQP, with per-QP PSN and message accounting.
+Everything runs in the caller's single-threaded loop: receive(), transmit(), wait().
+"""
+
+from __future__ import annotations
+
+import errno
+import select
+import socket
+from collections import deque
+
+from fabric_emu import roce
+from fabric_emu.agent.qps import QueuePair
+
+# Linux socket options the socket module does not name.
+SO_NO_CHECK = 11
+SO_RCVBUFFORCE = 33
+IP_RECVERR = 11
+IP_MTU_DISCOVER = 10
+IP_PMTUDISC_DO = 2
+
+BURST_PACKETS = 2
+MAX_BATCH = 64  # packets per transmit() call, so receiving is never starved
+RETRY_DELAY_S = 100e-6  # after the kernel refused a packet (EAGAIN/ENOBUFS)
+RECV_BUFFER_BYTES = 8 << 20
+MAX_TRACKED_GAP = 1 << 16  # larger PSN jumps are counted as missing but not tracked one by one
+_HALF_PSN_SPACE = 1 << 23
+# The kernel refused the packet for now (full buffer or queue, or an ICMP error reported by
+# IP_RECVERR); the same packet is sent again later.
+_RETRY_ERRNOS = frozenset({errno.EAGAIN, errno.ENOBUFS, errno.ECONNREFUSED,
+                           errno.EHOSTUNREACH, errno.ENETUNREACH})
+
+
+class TokenBucket:
+    """Pacing in frame bytes at a fixed rate, with a small burst allowance."""
+
+    def __init__(self, rate_bps: float, burst_bytes: int, now: float):
+        self.rate = rate_bps / 8
+        self.burst = burst_bytes
+        self.tokens = float(burst_bytes)
+        self.stamp = now
+
+    def ready_at(self, nbytes: int) -> float:
+        """The earliest time nbytes may be sent."""
+        if self.tokens >= nbytes:
+            return self.stamp
+        return self.stamp + (nbytes - self.tokens) / self.rate
+
+    def consume(self, nbytes: int, now: float) -> None:
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate) - nbytes
+        self.stamp = now
+
+
+class SendQp:
+    """Requester side of a QP: a FIFO of WRITE messages cut into MTU-sized packets."""
+
+    def __init__(self, qp: QueuePair, dst_ip: str, mtu: int, sock: socket.socket):
+        self.qp = qp
+        self.dst_ip = dst_ip
+        self.addr = (dst_ip, roce.ROCE_UDP_PORT)
+        self.sock = sock
+        self.mtu = mtu
+        self.psn = qp.start_psn
+        self.messages: deque[int] = deque()  # lengths of posted, unfinished messages
+        self.offset = 0  # bytes of the head message already sent
+        self.messages_done = 0
+        self.bytes = self.frame_bytes = self.packets = 0
+        self.first_tx: float | None = None
+        self.last_tx: float | None = None
+        self._prefix_crc: dict[int, int] = {}
+
+    def next_packet(self) -> tuple[int, int]:
+        """(opcode, data bytes) of the next packet of the head message."""
+        size, offset, mtu = self.messages[0], self.offset, self.mtu
+        if offset == 0 and size <= mtu:
+            return roce.RC_RDMA_WRITE_ONLY, size
+        if offset == 0:
+            return roce.RC_RDMA_WRITE_FIRST, mtu
+        left = size - offset
+        return (roce.RC_RDMA_WRITE_MIDDLE, mtu) if left > mtu else (roce.RC_RDMA_WRITE_LAST, left)
+
+    def prefix_crc(self, src_ip: str, udp_payload: int) -> int:
+        crc = self._prefix_crc.get(udp_payload)
+        if crc is None:
+            crc = self._prefix_crc[udp_payload] = roce.icrc_prefix(
+                src_ip, self.dst_ip, self.qp.udp_sport, udp_payload)
+        return crc
+
+    def advance(self, data_len: int, frame: int, now: float) -> None:
+        """Account one sent packet; pops the message when it was its last."""
+        self.psn = (self.psn + 1) & roce.PSN_MASK
+        self.bytes += data_len
+        self.frame_bytes += frame
+        self.packets += 1
+        if self.first_tx is None:
+            self.first_tx = now
+        self.last_tx = now
+        self.offset += data_len
+        if self.offset >= self.messages[0]:
+            self.messages.popleft()
+            self.offset = 0
+            self.messages_done += 1
+
+    def stats(self) -> dict:
+        return {"qpn": self.qp.src_qpn, "remote_qpn": self.qp.dst_qpn, "dst": self.qp.dst,
+                "dst_ip": self.dst_ip, "udp_src": self.qp.udp_sport, "bytes": self.bytes,
+                "frame_bytes": self.frame_bytes, "packets": self.packets,
+                "messages": self.messages_done, "first_tx": self.first_tx, "last_tx": self.last_tx}
+
+
+class RecvQp:
+    """Responder side of a QP: PSN checks and WRITE message completion.
+
+    Only packets at or ahead of the expected PSN drive the message state, so a late packet
+    never reopens a finished message. A FIRST/ONLY while a message is open, or a MIDDLE/LAST
+    without one, means packets were lost: the message still completes, marked damaged, so the
+    schedule does not hang on a lost LAST.
+    """
+
+    def __init__(self, qp: QueuePair):
+        self.qp = qp
+        self.expected_psn = qp.start_psn
+        self.gaps: set[int] = set()  # PSNs skipped and not yet seen
+        self.bytes = self.packets = 0
+        self.out_of_order = self.missing = self.duplicates = self.ecn_ce = 0
+        self.messages = self.damaged_messages = 0
+        self.first_rx: float | None = None
+        self.last_rx: float | None = None
+        self._open = False
+        self._damaged = False
+
+    def on_packet(self, opcode: int, psn: int, data_len: int, ce: bool, now: float) -> None:
+        ahead = (psn - self.expected_psn) & roce.PSN_MASK
+        if ahead >= _HALF_PSN_SPACE:  # behind the expected PSN
+            if psn not in self.gaps:
+                self.duplicates += 1
+                return
+            self.gaps.discard(psn)
+            self.out_of_order += 1
+            self._count(data_len, ce, now)
+            return
+        if ahead:
+            self.missing += ahead
+            if ahead <= MAX_TRACKED_GAP:
+                self.gaps.update((self.expected_psn + i) & roce.PSN_MASK for i in range(ahead))
+            self._damaged = True
+        self.expected_psn = (psn + 1) & roce.PSN_MASK
+        self._count(data_len, ce, now)
+        self._on_opcode(opcode)
+
+    def _count(self, data_len: int, ce: bool, now: float) -> None:
+        self.bytes += data_len
+        self.packets += 1
+        self.ecn_ce += ce
+        if self.first_rx is None:
+            self.first_rx = now
+        self.last_rx = now
+
+    def _on_opcode(self, opcode: int) -> None:
+        starts = opcode in (roce.RC_RDMA_WRITE_FIRST, roce.RC_RDMA_WRITE_ONLY)
+        ends = opcode in (roce.RC_RDMA_WRITE_LAST, roce.RC_RDMA_WRITE_ONLY)
+        if starts and self._open:
+            self._complete(damaged=True)
+        if not starts and not self._open:
+            self._damaged = True
+        self._open = True
+        if ends:
+            self._complete(damaged=self._damaged)
+
+    def _complete(self, damaged: bool) -> None:
+        self.messages += 1
+        self.damaged_messages += damaged
+        self._open = self._damaged = False
+
+    def stats(self) -> dict:
+        return {"qpn": self.qp.dst_qpn, "remote_qpn": self.qp.src_qpn, "src": self.qp.src,
+                "udp_src": self.qp.udp_sport, "bytes": self.bytes, "packets": self.packets,
+                "messages": self.messages, "damaged_messages": self.damaged_messages,
+                "out_of_order": self.out_of_order, "missing": self.missing,
+                "lost": len(self.gaps), "duplicates": self.duplicates, "ecn_ce": self.ecn_ce,
+                "first_rx": self.first_rx, "last_rx": self.last_rx}
+
+
+class Nic:
+    """Sockets, pacing and the queue pairs of one host."""
+
+    def __init__(self, ip: str, rate_bps: float, roce_mtu: int, send_qps: list[QueuePair],
+                 recv_qps: list[QueuePair], ip_of: dict[str, str], now: float):
+        self.ip = ip
+        self.rate_bps = rate_bps
+        self.mtu = roce_mtu
+        self._writer = roce.PacketWriter(roce_mtu)
+        max_frame = roce.frame_len(roce.udp_payload_len(roce.RC_RDMA_WRITE_FIRST, roce_mtu))
+        self.pacer = TokenBucket(rate_bps, BURST_PACKETS * max_frame, now)
+        self._rsock = _receive_socket(ip)
+        self.send_qps = [SendQp(qp, ip_of[qp.dst], roce_mtu, _send_socket(ip, qp.udp_sport))
+                         for qp in send_qps]
+        self.recv_qps = [RecvQp(qp) for qp in recv_qps]
+        self._by_qpn = {rq.qp.dst_qpn: rq for rq in self.recv_qps}
+        self._active: deque[SendQp] = deque()  # QPs with posted work, in round-robin order
+        self._rbuf = bytearray(65536)
+        self._rbufs = [self._rbuf]
+        self._ancsize = socket.CMSG_SPACE(1)
+        # pacing and receive-side counters
+        self.eagain_retries = 0
+        self.send_errors = 0
+        self.max_lateness_s = 0.0
+        self.busy_s = 0.0
+        self._eligible_since = now
+        self._busy_start = now
+        self._busy_end = now
+        self.rx_unknown_qp = self.rx_malformed = self.rx_other_opcode = 0
+
+    def close(self) -> None:
+        self._rsock.close()
+        for sq in self.send_qps:
+            sq.sock.close()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing posted is left to send."""
+        return not self._active
+
+    def post_write(self, qp_index: int, nbytes: int, now: float) -> None:
+        """Queue one RDMA WRITE message of nbytes on a send QP."""
+        sq = self.send_qps[qp_index]
+        if not self._active:
+            self._eligible_since = now
+            self._busy_start = max(now, self._busy_end)
+        if not sq.messages:
+            self._active.append(sq)
+        sq.messages.append(nbytes)
+
+    def transmit(self, now: float) -> float | None:
+        """Send what the token bucket allows; the time to call again, or None when idle."""
+        for _ in range(MAX_BATCH):
+            if not self._active:
+                return None
+            sq = self._active[0]
+            opcode, data_len = sq.next_packet()
+            udp_payload = roce.udp_payload_len(opcode, data_len)
+            frame = udp_payload + roce.FRAME_OVERHEAD
+            ready = self.pacer.ready_at(frame)
+            if now < ready:
+                return ready
+            if not self._send(sq, opcode, data_len, udp_payload):
+                return now + RETRY_DELAY_S
+            self.pacer.consume(frame, now)
+            self.max_lateness_s = max(self.max_lateness_s, now - max(ready, self._eligible_since))
+            sq.advance(data_len, frame, now)
+            self._active.rotate(-1)
+            if not sq.messages:
+                self._active.pop()
+                if not self._active:
+                    self._busy_end = now + frame * 8 / self.rate_bps
+                    self.busy_s += self._busy_end - self._busy_start
+        return now
+
+    def _send(self, sq: SendQp, opcode: int, data_len: int, udp_payload: int) -> bool:
+        last = opcode in (roce.RC_RDMA_WRITE_LAST, roce.RC_RDMA_WRITE_ONLY)
+        reth = (0, sq.qp.dst_qpn, sq.messages[0]) if roce.has_reth(opcode) else None
+        packet = self._writer.write(sq.prefix_crc(self.ip, udp_payload), opcode, sq.qp.dst_qpn,
+                                    sq.psn, data_len, ackreq=last, reth_fields=reth)
+        try:
+            sq.sock.sendto(packet, sq.addr)
+        except OSError as e:
+            if e.errno == errno.EMSGSIZE:
+                raise RuntimeError(f"a {udp_payload + 28} B IP packet exceeds the path MTU to "
+                                   f"{sq.dst_ip}; lower roce_mtu or raise the link MTU") from None
+            if e.errno not in _RETRY_ERRNOS:
+                raise
+            if e.errno in (errno.EAGAIN, errno.ENOBUFS):
+                self.eagain_retries += 1
+            else:
+                self.send_errors += 1
+            return False
+        return True
+
+    def receive(self, now: float) -> None:
+        """Drain the receive socket without blocking."""
+        rbuf, by_qpn = self._rbuf, self._by_qpn
+        while True:
+            try:
+                n, anc, _flags, _addr = self._rsock.recvmsg_into(self._rbufs, self._ancsize)
+            except BlockingIOError:
+                return
+            if n < roce.BTH_LEN + roce.ICRC_LEN:
+                self.rx_malformed += 1
+                continue
+            opcode, dest_qp, psn, _becn, _ackreq = roce.parse_bth(rbuf)
+            rq = by_qpn.get(dest_qp)
+            if rq is None:
+                self.rx_unknown_qp += 1
+                continue
+            if not roce.RC_RDMA_WRITE_FIRST <= opcode <= roce.RC_RDMA_WRITE_ONLY:
+                self.rx_other_opcode += 1
+                continue
+            header = roce.BTH_LEN + (roce.RETH_LEN if roce.has_reth(opcode) else 0)
+            data_len = n - header - roce.ICRC_LEN - (rbuf[1] >> 4 & 3)
+            ce = bool(anc) and (anc[0][2][0] & 3) == roce.ECN_CE
+            rq.on_packet(opcode, psn, data_len, ce, now)
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep until a packet arrives or timeout seconds pass; False if surely nothing came."""
+        if timeout <= 0:
+            return True
+        readable, _, _ = select.select([self._rsock], [], [], timeout)
+        return bool(readable)
+
+    def pacing_stats(self) -> dict:
+        sent = sum(sq.frame_bytes for sq in self.send_qps)
+        return {"rate_bps": self.rate_bps,
+                "achieved_bps": sent * 8 / self.busy_s if self.busy_s > 0 else None,
+                "busy_s": self.busy_s, "frame_bytes": sent,
+                "eagain_retries": self.eagain_retries, "send_errors": self.send_errors,
+                "max_lateness_s": self.max_lateness_s}
+
+    def receive_stats(self) -> dict:
+        return {"unknown_qp": self.rx_unknown_qp, "malformed": self.rx_malformed,
+                "other_opcode": self.rx_other_opcode}
+
+
+def _receive_socket(ip: str) -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:  # a deep buffer absorbs bursts while the loop is sending; FORCE needs CAP_NET_ADMIN
+        s.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RECV_BUFFER_BYTES)
+    except PermissionError:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECV_BUFFER_BYTES)
+    s.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
+    s.bind((ip, roce.ROCE_UDP_PORT))
+    s.setblocking(False)
+    return s
+
+
+def _send_socket(ip: str, sport: int) -> socket.socket:
+    """A QP's socket: fixed source port, UDP checksum 0, RoCE DSCP + ECT(0), DF with IP id 0."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, SO_NO_CHECK, 1)
+    s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, roce.TOS_ROCE)
+    s.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
+    # Report local queue drops as ENOBUFS instead of dropping the packet silently.
+    s.setsockopt(socket.IPPROTO_IP, IP_RECVERR, 1)
+    s.bind((ip, sport))
+    s.setblocking(False)
+    return s

@@ -1,0 +1,67 @@
+"""Helpers for integration tests that run the real `fabric-emu` command."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from pyroute2 import IPRoute
+
+from fabric_emu.fabric import switch_interfaces
+from fabric_emu.plan import FabricPlan
+from fabric_emu.records import OVS_OWNER_KEY, RUNS_DIR
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def fabric_emu(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fabric_emu", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def only_run_dir(out: Path, experiment: str) -> Path:
+    (run_dir,) = list((out / experiment).iterdir())
+    return run_dir
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def our_bridges() -> list[str]:
+    out = subprocess.run(["ovs-vsctl", "--format=json", "--columns=name,external_ids", "list", "bridge"],
+                         capture_output=True, text=True, check=True).stdout
+    return [name for name, (_, ids) in json.loads(out)["data"]
+            if any(k == OVS_OWNER_KEY for k, _ in ids)]
+
+
+def our_processes() -> list[str]:
+    """Processes running fabric-emu's agent or controller modules (read-only scan of /proc)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"fabric_emu.agent" in cmd or (b"-m" in cmd and b"controller" in cmd):
+            found.append(f"{pid}: {b' '.join(cmd).decode(errors='replace')}")
+    return found
+
+
+def leftovers(plan: FabricPlan) -> list[str]:
+    with IPRoute() as ipr:
+        links = {ln.get_attr("IFLA_IFNAME") for ln in ipr.get_links()}
+    left = [f"bridge {b}" for b in our_bridges()]
+    left += [f"interface {i}" for i in sorted(links & set(switch_interfaces(plan)))]
+    left += [f"record {p.name}" for p in RUNS_DIR.glob("*.json")] if RUNS_DIR.is_dir() else []
+    left += [f"process {p}" for p in our_processes()]
+    return left

@@ -1,0 +1,112 @@
+"""The quickstart end to end: real Mininet, OVS, os-ken and agents; judged on measurements."""
+
+from __future__ import annotations
+
+import subprocess
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from fabric_emu.cli import load_checked
+from tests.integration.fabric_checks import REPO, fabric_emu, leftovers, only_run_dir, read_csv, read_json
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+QUICKSTART = REPO / "experiments" / "quickstart.yaml"
+# h2 -> h3 and h4 -> h5 cross leaf2's uplinks; capture both spines' ports to leaf2.
+CAPTURE = "capture={ports: [spine1-eth2, spine2-eth2], packets: 300}"
+
+
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    out = tmp_path_factory.mktemp("results")
+    r = fabric_emu("run", str(QUICKSTART), "--out", str(out), "--set", CAPTURE)
+    return only_run_dir(out, "quickstart"), r
+
+
+def test_run_succeeds_at_link_rate(quickstart):
+    run_dir, r = quickstart
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = read_json(run_dir / "summary.json")
+    assert s["status"] == "ok"
+    assert s["iterations_completed"] == 2 and len(s["per_iteration"]) == 2
+    # No ECMP collisions in host order: anything far below the link rate is the emulator's fault.
+    assert s["busbw_fraction"] >= 0.85, s
+    assert s["busbw_fraction"] <= 1.0  # a ring all-reduce cannot beat the host link
+    assert s["transport"]["missing_packets"] == 0
+    assert s["switch"]["drops"] == 0
+    assert "busbw" in r.stdout and str(run_dir) in r.stdout
+
+
+def test_results_folder_contract(quickstart):
+    run_dir, _ = quickstart
+    for name in ("experiment.yaml", "metadata.json", "summary.json", "ports.csv", "flows.csv"):
+        assert (run_dir / name).is_file(), name
+    meta = read_json(run_dir / "metadata.json")
+    assert meta["openvswitch"] and meta["os_ken"] and meta["kernel"] and meta["git_commit"]
+    assert meta["status"] == "ok" and meta["seed"] == 1
+    assert not list(run_dir.glob(".*tmp*"))  # no half-written files
+
+
+def test_counters_measure_the_traffic(quickstart):
+    run_dir, _ = quickstart
+    spec, plan, ranks = load_checked(QUICKSTART, [])
+    flows = read_csv(run_dir / "flows.csv")
+    assert len(flows) == len(ranks)  # one QP per ring neighbour
+    per_rank = 2 * 2 * (len(ranks) - 1) / len(ranks) * spec.workload.size  # 2 iterations
+    for f in flows:
+        assert int(f["bytes"]) == pytest.approx(per_rank, rel=0.001)
+        assert f["rx_bytes"] == f["bytes"]
+    # Bytes the spines forwarded: the 4 flows that cross leaves, plus RoCE/IP/Ethernet headers.
+    ports = read_csv(run_dir / "ports.csv")
+    spine_tx = sum(int(p["tx_bytes"]) for p in ports if p["switch"].startswith("spine"))
+    crossing = sum(int(f["bytes"]) for f in flows if f["uplink"])
+    assert sum(1 for f in flows if f["uplink"]) == 4
+    assert crossing <= spine_tx <= crossing * 1.05
+    # Each crossing flow's uplink (as OVS traced it) is the port that carried its bytes.
+    up_tx = defaultdict(int)
+    for p in ports:
+        if p["switch"].startswith("leaf") and p["kind"] == "fabric":
+            up_tx[(p["switch"], p["peer"])] += int(p["tx_bytes"])
+    for f in flows:
+        if f["uplink"]:
+            leaf = plan.host_by_name[f["src"]].leaf
+            assert up_tx[(leaf, f["uplink"])] >= int(f["bytes"])
+
+
+def test_capture_decodes_as_rroce(quickstart):
+    run_dir, _ = quickstart
+    pcaps = [p for p in run_dir.glob("capture-*.pcap") if p.stat().st_size > 100]
+    assert pcaps, "no packets captured on either spine port to leaf2"
+    flows = {int(f["dest_qpn"]): f for f in read_csv(run_dir / "flows.csv")}
+    fields = ["_ws.col.Protocol", "infiniband.bth.opcode", "infiniband.bth.destqp",
+              "infiniband.bth.psn", "ip.dsfield.ecn", "ip.dsfield.dscp", "udp.srcport", "ip.src"]
+    rows = []
+    for pcap in pcaps:
+        out = subprocess.run(["tshark", "-r", str(pcap), "-T", "fields", "-E", "separator=,",
+                              *sum((["-e", f] for f in fields), [])],
+                             capture_output=True, text=True, check=True).stdout
+        rows += [dict(zip(fields, line.split(","))) for line in out.splitlines()]
+    assert len(rows) >= 100
+    psn_by_qp = defaultdict(list)
+    for row in rows:
+        assert row["_ws.col.Protocol"] == "RRoCE"
+        assert int(row["infiniband.bth.opcode"]) in {0x06, 0x07, 0x08, 0x0A}  # RDMA WRITE
+        assert int(row["ip.dsfield.ecn"]) == 0b10  # ECT(0)
+        assert int(row["ip.dsfield.dscp"]) == 26
+        qpn = int(row["infiniband.bth.destqp"], 0)
+        assert qpn in flows, qpn
+        # A spine port to leaf2 sees the flows into leaf2 (h2 -> h3) and out of it (h4 -> h5).
+        assert (flows[qpn]["src"], flows[qpn]["dst"]) in {("h2", "h3"), ("h4", "h5")}
+        assert int(row["udp.srcport"]) == int(flows[qpn]["udp_src"])
+        psn_by_qp[qpn].append(int(row["infiniband.bth.psn"]))
+    opcodes = {int(r["infiniband.bth.opcode"]) for r in rows}
+    assert 0x07 in opcodes  # multi-packet messages: middles between first and last
+    for psns in psn_by_qp.values():
+        assert all((b - a) % 2**24 == 1 for a, b in zip(psns, psns[1:])), "PSNs not consecutive"
+
+
+def test_nothing_left_behind(quickstart):
+    _, plan, _ = load_checked(QUICKSTART, [])
+    assert leftovers(plan) == []
