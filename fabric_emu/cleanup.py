@@ -89,9 +89,6 @@ def clean_record(rec: RunRecord) -> list[str]:
     removed = _stop_processes(list(reversed(rec.processes)))
     removed += _delete_bridges(rec.run_id)
     removed += _delete_interfaces(rec.interfaces)
-    for path, value in rec.sysctls.items():
-        Path(path).write_text(value)
-        removed.append(f"setting {path} (restored to {value.strip()})")
     for p in rec.paths:
         path = Path(p)
         if path.is_dir():

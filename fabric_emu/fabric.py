@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import re
 import subprocess
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from mininet.net import Mininet
 from mininet.node import Host, OVSSwitch, RemoteController
@@ -21,9 +19,6 @@ from pyroute2 import IPRoute
 from fabric_emu import shaping
 from fabric_emu.plan import FabricPlan
 from fabric_emu.records import OVS_OWNER_KEY, RunRecord
-
-
-OVS_RX_BUFFER = 8 * 2**20  # bytes of receive buffer for each switch port's socket in OVS
 
 
 class PlanTopo(Topo):
@@ -121,34 +116,8 @@ class Fabric:
         for h in self.net.hosts:
             self.record.add_process(h.pid, f"host-shell {h.name}")
         self._prepare_interfaces()
-        with self._roomy_socket_buffers():
-            self.net.start()
+        self.net.start()
         self._shape_links()
-
-    @contextmanager
-    def _roomy_socket_buffers(self) -> Iterator[None]:
-        """Give OVS's per-port receive sockets room for OVS_RX_BUFFER bytes.
-
-        The userspace datapath reads each port through an AF_PACKET socket sized by
-        net.core.rmem_default (208 KB: ~25 jumbo frames, 16 ms at 50 Mb/s). When ovs-vswitchd
-        waits for a CPU longer than that, packets vanish where no switch counter sees them.
-        OVS opens those sockets while the bridges are created, so the default is raised only
-        for that moment; the run record keeps the old value for `clean` should we die here.
-        """
-        path = "/proc/sys/net/core/rmem_default"
-        old = Path(path).read_text()
-        if int(old) >= OVS_RX_BUFFER:
-            yield
-            return
-        self.record.sysctls[path] = old
-        self.record.save()
-        Path(path).write_text(str(OVS_RX_BUFFER))
-        try:
-            yield
-        finally:
-            Path(path).write_text(old)
-            del self.record.sysctls[path]
-            self.record.save()
 
     def _prepare_interfaces(self) -> None:
         """MTU on every link end, no IPv6 chatter, and no TX checksum offload on hosts (the

@@ -66,7 +66,6 @@ class RunRecord:
     interfaces: list[str] = field(default_factory=list)  # root-namespace link ends
     processes: list[ProcessRef] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)  # temporary files and folders
-    sysctls: dict[str, str] = field(default_factory=dict)  # /proc/sys path -> value to restore
 
     @property
     def path(self) -> Path:

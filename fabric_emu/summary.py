@@ -14,7 +14,7 @@ from rich.table import Table
 from fabric_emu.collectives import allreduce_busbw
 from fabric_emu.config import ExperimentSpec
 from fabric_emu.counters import totals
-from fabric_emu.fidelity import verdict
+from fabric_emu.fidelity import loss_note, verdict
 from fabric_emu.plan import FabricPlan
 
 
@@ -104,9 +104,12 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
     cpu = traffic.get("cpu") or {}
     pacing = [a["pacing"]["achieved_bps"] / a["pacing"]["rate_bps"] for a in agents.values()
               if a.get("pacing", {}).get("achieved_bps")]
-    warnings = verdict(cpu, pacing, unexplained)
+    drops = summary.get("switch", {}).get("drops", 0)
+    warnings = verdict(cpu, pacing, unexplained, drops)
+    note = loss_note(unexplained, drops)
     summary["fidelity"] = {**cpu, "agent_pacing_ratio_min": min(pacing) if pacing else None,
-                           "trusted": not warnings, "warnings": warnings}
+                           "trusted": not warnings, "warnings": warnings,
+                           "notes": [note] if note else []}
     return summary
 
 
@@ -158,4 +161,6 @@ def print_summary(out: Console, s: dict, run_dir: Path) -> None:
     out.print(t)
     for w in fid.get("warnings", []):
         out.print(f"[yellow]fidelity warning:[/] {w}", soft_wrap=True)
+    for n in fid.get("notes", []):
+        out.print(f"note: {n}", soft_wrap=True)
     out.print(f"results: {run_dir}", soft_wrap=True)

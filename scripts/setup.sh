@@ -40,11 +40,37 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 mkdir -p "$stamp_dir" && touch "$apt_stamp"
 
+# Socket buffers for Open vSwitch's userspace datapath. It reads each switch port through an
+# AF_PACKET socket and writes to all of them through ONE shared socket, to which every packet
+# waiting in any port's egress queue is charged: with the kernel's 208 KB default, OVS starts
+# discarding packets (uncounted) once ~25 jumbo frames are queued anywhere in the fabric.
+# Sockets take these defaults when created, so they must be set before ovs-vswitchd starts.
+sysctl_conf=/etc/sysctl.d/60-fabric-emu.conf
+want_wmem=$((64 * 1024 * 1024))
+want_rmem=$((8 * 1024 * 1024))
+if [ ! -f "$sysctl_conf" ]; then
+  log "raising socket buffer defaults for Open vSwitch ($sysctl_conf)"
+  printf '%s\n' "# fabric-emu: room for Open vSwitch's userspace-datapath sockets (see scripts/setup.sh)" \
+    "net.core.wmem_default = $want_wmem" "net.core.rmem_default = $want_rmem" > "$sysctl_conf"
+fi
+sysctl -q -p "$sysctl_conf"
+
 # Open vSwitch: the kernel module may be missing (it is on our CI kernel), so start the
 # daemons with ovs-ctl, which skips the module load when asked to.
 if ! ovs-vsctl --timeout=2 show >/dev/null 2>&1 || ! ovs-appctl --timeout=2 version >/dev/null 2>&1; then
   log "starting Open vSwitch daemons (userspace datapath)"
   /usr/share/openvswitch/scripts/ovs-ctl start --system-id=random >/dev/null 2>&1 || true
+fi
+# An ovs-vswitchd started before the settings above keeps its small shared send socket:
+# restart it, unless a fabric-emu run is using it right now.
+ovs_send_buf=$(ss -0 -a -m -n -p 2>/dev/null | awk '/"ovs-vswitchd"/ && /\[0\]:\*/ {match($0, /tb[0-9]+/); print substr($0, RSTART+2, RLENGTH-2); exit}')
+if [ -n "$ovs_send_buf" ] && [ "$ovs_send_buf" -lt "$want_wmem" ]; then
+  if flock -n /var/lib/fabric-emu/run.lock true 2>/dev/null || [ ! -e /var/lib/fabric-emu/run.lock ]; then
+    log "restarting ovs-vswitchd so its send socket gets the larger buffer"
+    /usr/share/openvswitch/scripts/ovs-ctl restart --system-id=random >/dev/null 2>&1 || true
+  else
+    log "warning: a fabric-emu run is active; not restarting ovs-vswitchd (send buffer $ovs_send_buf B)"
+  fi
 fi
 if ! ovs-vsctl --timeout=5 show >/dev/null || ! ovs-appctl --timeout=5 version >/dev/null; then
   echo "error: Open vSwitch did not start; see /var/log/openvswitch/" >&2

@@ -87,7 +87,7 @@ class BridgeLab:
 
 def agent_configs(lab: BridgeLab, tmp: Path, timeout_s: float = 30.0,
                   **workload: int) -> list[AgentConfig]:
-    ranks = tuple(RankInfo(h, lab.ip(h), i) for i, h in enumerate(lab.hosts))
+    ranks = tuple(RankInfo(name=h, ip=lab.ip(h), index=i) for i, h in enumerate(lab.hosts))
     return [AgentConfig(host=h, ip=lab.ip(h), rate_bps=50e6, roce_mtu=1024, ranks=ranks,
                         rank=i, workload=WorkloadConfig(**workload), seed=3,
                         stats_path=str(tmp / f"{h}.json"), timeout_s=timeout_s)
