@@ -49,6 +49,7 @@ class Runner:
         self.out_base = out_base
         self.command = command
         self.console = console
+        self.err = Console(stderr=True, soft_wrap=True, highlight=False)
         self.times: dict[str, float] = {}
         self.ctrl = None  # set as soon as each part exists, so teardown always finds it
         self.fabric = None
@@ -62,7 +63,7 @@ class Runner:
     def run(self, debug: bool = False) -> int:
         lock = RunLock()
         if not lock.acquire():
-            self.console.print("error: another fabric-emu run is in progress on this machine", style="red")
+            self.err.print("error: another fabric-emu run is in progress on this machine", style="red")
             return 1
         try:
             removed, _ = clean_stale()
@@ -72,8 +73,8 @@ class Runner:
 
             taken = conflicts(self.plan)
             if taken:
-                self.console.print(f"error: names the fabric needs are already in use and are not "
-                                   f"fabric-emu's: {', '.join(taken[:8])}", style="red")
+                self.err.print(f"error: names the fabric needs are already in use and are not "
+                               f"fabric-emu's: {', '.join(taken[:8])}", style="red")
                 return 1
             return self._run_locked(debug)
         finally:
@@ -129,7 +130,7 @@ class Runner:
             results.write_csv(run_dir / "flows.csv", flow_rows(self.plan, traffic["agents"]))
         print_summary(self.console, summary, run_dir)
         if state["error"]:
-            self.console.print(f"error: {state['error']}", style="red", soft_wrap=True)
+            self.err.print(f"error: {state['error']}", style="red")
         return 0 if summary["status"] == "ok" else 1
 
     def _bring_up(self, record: RunRecord, workdir: Path):
