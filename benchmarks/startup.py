@@ -45,6 +45,7 @@ def fabric_emu_round(plan: FabricPlan) -> tuple[float, float]:
     record.add_process(ctrl.pid, "controller")
     fabric = Fabric(plan, record, ctrl.port)
     try:
+        fabric.build()  # while the controller starts up, as fabric-emu run does
         ctrl.wait_listening()
         fabric.start()
         if not ctrl.wait_ready(60):

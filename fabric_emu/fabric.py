@@ -98,7 +98,8 @@ class Fabric:
             return f"/proc/{self.host(node).pid}/ns/net"
         return None
 
-    def start(self) -> None:
+    def build(self) -> None:
+        """Create hosts, bridges' objects and links (no switch runs yet)."""
         plan = self.plan
         # Record the names before creating them: a kill -9 from here on is still cleanable.
         self.record.bridges = [s.name for s in plan.switches]
@@ -116,6 +117,10 @@ class Fabric:
         for h in self.net.hosts:
             self.record.add_process(h.pid, f"host-shell {h.name}")
         self._prepare_interfaces()
+
+    def start(self) -> None:
+        """Create and connect the OVS bridges, then give every link end its egress queue."""
+        assert self.net is not None, "build() first"
         self.net.start()
         self._shape_links()
 
@@ -127,10 +132,12 @@ class Fabric:
         with IPRoute() as ipr:
             for ifname in switch_interfaces(self.plan):
                 ipr.link("set", index=ipr.link_lookup(ifname=ifname)[0], mtu=self.plan.mtu)
-        for h in self.net.hosts:
+        for h in self.net.hosts:  # all hosts at once: each shell runs its own command
             intf = self.plan.host_by_name[h.name].intf
-            h.cmd(f"sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1;"
-                  f" ip link set dev {intf} mtu {self.plan.mtu}; ethtool -K {intf} tx off >/dev/null")
+            h.sendCmd(f"sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1;"
+                      f" ip link set dev {intf} mtu {self.plan.mtu}; ethtool -K {intf} tx off >/dev/null")
+        for h in self.net.hosts:
+            h.waitOutput()
 
     def _shape_links(self) -> None:
         buf, mtu = self.plan.port_buffer, self.plan.mtu

@@ -142,8 +142,9 @@ class Runner:
         plan_path.write_text(self.plan.to_json())
         self.ctrl = start_controller(plan_path, workdir, lb_mode=self.spec.load_balancing)
         record.add_process(self.ctrl.pid, "controller")
-        self.ctrl.wait_listening()
         self.fabric = Fabric(self.plan, record, self.ctrl.port)
+        self.fabric.build()  # while the controller starts up
+        self.ctrl.wait_listening()
         self.fabric.start()
         if not self.ctrl.wait_ready(READY_TIMEOUT_S):
             raise RunFailed(f"the controller did not program all switches within {READY_TIMEOUT_S:.0f}s")
