@@ -55,3 +55,10 @@ def test_show_prints_the_plan_without_root(spec_dir: Path):
     r = fabric_emu(["show", "exp.yaml", "--set", "topology.spines=3"], spec_dir)
     assert r.returncode == 0, r.stderr
     assert "spine3" in r.stdout and "h8" in r.stdout and "10.0.4.2" in r.stdout
+
+
+def test_show_accepts_a_topology_file():
+    repo = Path(__file__).resolve().parents[2]
+    r = fabric_emu(["show", str(repo / "topologies" / "ls-2x4x2.yaml")], repo)
+    assert r.returncode == 0, r.stderr
+    assert "leaf4" in r.stdout and "oversubscription 1:1" in r.stdout
