@@ -49,6 +49,14 @@ class FabricSwitch(OVSSwitch):
         return super().bridgeOpts() + f" external_ids:{OVS_OWNER_KEY}={self.run_id}"
 
 
+class LaunchedController(RemoteController):
+    """Our os-ken process: the launcher waits for it to listen before any switch starts, so
+    Mininet's probe at construction time (while it is still booting) would only warn wrongly."""
+
+    def checkListening(self) -> None:
+        return None
+
+
 def existing_bridges() -> set[str]:
     out = subprocess.run(["ovs-vsctl", "--timeout=10", "list-br"], check=True,
                          capture_output=True, text=True).stdout
@@ -112,7 +120,7 @@ class Fabric:
         self.net = Mininet(topo=PlanTopo(plan=plan), switch=make_switch, controller=None,
                            autoSetMacs=False, autoStaticArp=False, build=False,
                            waitConnected=False)
-        self.net.addController(RemoteController("c0", ip="127.0.0.1", port=self.controller_port))
+        self.net.addController(LaunchedController("c0", ip="127.0.0.1", port=self.controller_port))
         self.net.build()
         for h in self.net.hosts:
             self.record.add_process(h.pid, f"host-shell {h.name}")

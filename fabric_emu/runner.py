@@ -57,7 +57,7 @@ class Runner:
         self.captures: Captures | None = None
 
     def say(self, msg: str) -> None:
-        self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {msg}", highlight=False)
+        self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {msg}", highlight=False, soft_wrap=True)
 
     # ------------------------------------------------------------------ lifecycle
     def run(self, debug: bool = False) -> int:
