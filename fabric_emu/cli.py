@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from fabric_emu.config import SpecError, load_experiment, load_topology
+from fabric_emu.config import SpecError, load_experiment, load_topology, read_yaml
 from fabric_emu.plan import build_plan, resolve_ranks
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -54,9 +54,7 @@ def load_checked(path: Path, sets: list[str]):
 
 
 def _is_topology_file(path: Path) -> bool:
-    from fabric_emu.config import _read_yaml
-
-    data = _read_yaml(path)
+    data = read_yaml(path)
     return isinstance(data, dict) and "kind" in data and "workload" not in data
 
 

@@ -146,7 +146,7 @@ _yaml = YAML(typ="safe", pure=True)
 _yaml.allow_duplicate_keys = False
 
 
-def _read_yaml(path: Path) -> Any:
+def read_yaml(path: Path) -> Any:
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -213,7 +213,7 @@ def _errors_to_problems(err: ValidationError, files: dict[str, str]) -> list[tup
 
 def load_topology(path: str | Path, overrides: list[str] | None = None) -> TopologySpec:
     path = Path(path)
-    data = _read_yaml(path)
+    data = read_yaml(path)
     if not isinstance(data, dict):
         raise SpecError([(str(path), "", "expected a mapping of fields at the top level")])
     for item in overrides or []:
@@ -228,7 +228,7 @@ def load_topology(path: str | Path, overrides: list[str] | None = None) -> Topol
 def load_experiment(path: str | Path, overrides: list[str] | None = None) -> ExperimentSpec:
     """Load an experiment; its topology may be a path (relative to the file) or a mapping."""
     path = Path(path)
-    data = _read_yaml(path)
+    data = read_yaml(path)
     if not isinstance(data, dict):
         raise SpecError([(str(path), "", "expected a mapping of fields at the top level")])
     files = {"": str(path)}
@@ -237,7 +237,7 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
         topo_path = (path.parent / topo).resolve() if not Path(topo).is_absolute() else Path(topo)
         if not topo_path.is_file():
             raise SpecError([(str(path), "topology", f"file not found: {topo}")])
-        topo_data = _read_yaml(topo_path)
+        topo_data = read_yaml(topo_path)
         if not isinstance(topo_data, dict):
             raise SpecError([(str(topo_path), "", "expected a mapping of fields at the top level")])
         data["topology"] = topo_data

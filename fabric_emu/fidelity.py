@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field
 
 CPU_SATURATED = 0.95  # busy fraction of all cores above which a sample counts as saturated

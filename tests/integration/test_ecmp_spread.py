@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.fabric_checks import REPO, fabric_emu, only_run_dir, read_csv, read_json
+from tests.integration.fabric_checks import fabric_emu, only_run_dir, read_csv, read_json
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
