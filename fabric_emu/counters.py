@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import re
 import subprocess
-from dataclasses import asdict, dataclass
+import threading
+import time
+from dataclasses import asdict, dataclass, field
 
 from fabric_emu import shaping
 from fabric_emu.plan import FabricPlan
@@ -35,6 +37,7 @@ class PortCounters:
     rx_socket_drops: int = 0  # the port's receive socket in ovs-vswitchd overflowed
     queue_drops: int = 0  # tail drops of the egress buffer (kernel bfifo)
     queue_overlimits: int = 0
+    max_backlog_bytes: int = 0  # deepest the egress buffer was in the samples (not a delta)
 
     @property
     def drops(self) -> int:
@@ -112,3 +115,46 @@ def totals(rows: list[PortCounters]) -> dict[str, int]:
         "tx_bytes": sum(r.tx_bytes for r in rows),
         "drops": sum(r.drops for r in rows),
     }
+
+
+@dataclass
+class QueueSampler:
+    """Samples the egress backlog of every switch port while traffic runs, in the background.
+
+    One netlink dump per sample; `rows` is the time series (seconds since the start, emulated),
+    `max_backlog` the deepest each port got.
+    """
+
+    plan: FabricPlan
+    interval_s: float = 0.1
+    rows: list[dict] = field(default_factory=list)
+    max_backlog: dict[str, int] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> "QueueSampler":
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="queue-sampler")
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+
+    def _loop(self) -> None:
+        ports = [(sw.name, p) for sw in self.plan.switches for p in self.plan.ports(sw.name)]
+        with shaping.IPRoutePool() as pool:
+            ipr = pool.get(None)
+            index_of = {p.intf: ipr.link_lookup(ifname=p.intf)[0] for _, p in ports}
+            start = time.monotonic()
+            while not self._stop.wait(self.interval_s):
+                t = time.monotonic() - start
+                backlogs = shaping.egress_backlogs(pool=pool)
+                for sw, p in ports:
+                    nbytes, npackets = backlogs.get(index_of[p.intf], (0, 0))
+                    self.max_backlog[p.intf] = max(self.max_backlog.get(p.intf, 0), nbytes)
+                    self.rows.append({
+                        "t_s": round(t, 4), "t_fabric_us": round(t / self.plan.dilation * 1e6, 3),
+                        "switch": sw, "port": p.port, "peer": p.peer,
+                        "backlog_bytes": nbytes, "backlog_packets": npackets})

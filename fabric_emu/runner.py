@@ -128,6 +128,8 @@ class Runner:
             results.write_csv(run_dir / "ports.csv", [p.row() for p in traffic["ports"]])
         if traffic.get("agents"):
             results.write_csv(run_dir / "flows.csv", flow_rows(self.plan, traffic["agents"]))
+        if traffic.get("queues"):
+            results.write_csv(run_dir / "queues.csv", traffic["queues"])
         print_summary(self.console, summary, run_dir)
         if state["error"]:
             self.err.print(f"error: {state['error']}", style="red")
@@ -161,17 +163,19 @@ class Runner:
         before = counters.snapshot(self.plan)
         t = time.monotonic()
         cut_short: BaseException | None = None
-        with CpuMonitor() as cpu:
+        with CpuMonitor() as cpu, counters.QueueSampler(self.plan) as queues:
             try:
                 agents = run_agents(self.spec, self.plan, self.ranks, self.fabric, record, workdir, self.say)
             except Interrupted as e:
                 agents, cut_short = getattr(e, "agent_stats", {}), e
         self.times["traffic"] = time.monotonic() - t
-        after = counters.snapshot(self.plan)
+        ports = counters.delta(counters.snapshot(self.plan), before)
+        for row in ports:
+            row.max_backlog_bytes = queues.max_backlog.get(row.intf, 0)
         ok = agents and all(a.get("status") == "ok" for a in agents.values())
         self.fabric.annotate_uplinks(agents)
         self.traffic = {"status": "ok" if ok and not cut_short else "incomplete", "agents": agents,
-                        "ports": counters.delta(after, before), "cpu": cpu.summary()}
+                        "ports": ports, "queues": queues.rows, "cpu": cpu.summary()}
         if cut_short is not None:
             raise cut_short
 

@@ -46,3 +46,12 @@ def test_overflow_drops_are_counted_at_the_egress_queue(tmp_path):
     assert s["fidelity"]["trusted"]
     assert uplink_drops >= 0.95 * s["switch"]["drops"]  # the overloaded queues, nowhere else
 
+    # The configured buffer is the real one: overloaded queues fill it, and never exceed it.
+    limit = 256_000
+    uplink_peak = [int(p["max_backlog_bytes"]) for p in ports
+                   if p["switch"].startswith("leaf") and p["kind"] == "fabric"]
+    assert all(0.75 * limit <= peak <= limit for peak in uplink_peak), uplink_peak
+    samples = read_csv(run_dir / "queues.csv")
+    assert max(int(r["backlog_bytes"]) for r in samples) <= limit
+    assert len({r["t_s"] for r in samples}) >= 5  # a time series, not one snapshot
+
