@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
+from fabric_emu.collectives import ring_allreduce_line_rate_s
 from fabric_emu.config import SpecError, load_experiment, load_topology, read_yaml
 from fabric_emu.plan import build_plan, resolve_ranks
 
@@ -19,6 +20,9 @@ out = Console()
 err = Console(stderr=True, soft_wrap=True)
 
 EXIT_OK, EXIT_RUNTIME, EXIT_INPUT = 0, 1, 2
+# Without retransmission (not built yet) a lost last packet stalls a rank until the timeout,
+# so the default scales with the workload instead of being minutes long.
+DEFAULT_TIMEOUT_BASE_S = 30.0
 _debug = False
 
 
@@ -44,6 +48,11 @@ def load_checked(path: Path, sets: list[str]):
         names = [h.name for h in plan.hosts]
         raise SpecError([(str(path), "workload.ranks",
                           f"unknown host {e.args[0]!r} (hosts are {names[0]}..{names[-1]})")]) from None
+    if spec.timeout is None:
+        w = spec.workload
+        line_rate_s = ring_allreduce_line_rate_s(w.size, len(ranks), w.iterations,
+                                                 plan.host_rate_bps(ranks[0]))
+        spec = spec.model_copy(update={"timeout": DEFAULT_TIMEOUT_BASE_S + 10 * line_rate_s})
     if spec.capture is not None:
         ports = {p.intf for sw in plan.switches for p in plan.ports(sw.name)}
         for i, name in enumerate(spec.capture.ports):

@@ -140,3 +140,8 @@ def algbw(size: int, seconds: float) -> float:
 def allreduce_busbw(algbw_value: float, n: int) -> float:
     """Bus bandwidth of an all-reduce: algbw x 2(n-1)/n, comparable to the link rate."""
     return algbw_value * 2 * (n - 1) / n
+
+
+def ring_allreduce_line_rate_s(size: int, n: int, iterations: int, rate_bps: float) -> float:
+    """Time at line rate: each rank sends 2(n-1)/n x size per iteration (payload only)."""
+    return iterations * 2 * (n - 1) / n * size * 8 / rate_bps

@@ -117,8 +117,9 @@ class ExperimentSpec(Strict):
     load_balancing: Literal["ecmp", "dlb", "spray"] = "ecmp"
     workload: Workload
     seed: int = Field(default=1, ge=0, le=2**32 - 1)
-    timeout: Seconds = Field(default=600.0, gt=0, le=86400,
-                             description="wall-clock limit of the traffic phase")
+    timeout: Optional[Seconds] = Field(
+        default=None, gt=0, le=86400,
+        description="wall-clock limit of the traffic phase (default: 30 s + 10x its time at line rate)")
     capture: Optional[CaptureSpec] = None
 
     @field_validator("load_balancing")

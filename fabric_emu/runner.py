@@ -122,7 +122,7 @@ class Runner:
             "command": self.command, "seed": self.spec.seed, "run_id": record.run_id,
             "start": results.iso(started), "end": results.iso(ended),
             "phases_s": {k: round(v, 3) for k, v in self.times.items()},
-            "dilation": self.plan.dilation, "status": summary["status"], "error": state["error"],
+            "dilation": self.plan.dilation, "status": summary["status"], "error": summary.get("error"),
         })
         if traffic.get("ports"):
             results.write_csv(run_dir / "ports.csv", [p.row() for p in traffic["ports"]])
@@ -131,8 +131,8 @@ class Runner:
         if traffic.get("queues"):
             results.write_csv(run_dir / "queues.csv", traffic["queues"])
         print_summary(self.console, summary, run_dir)
-        if state["error"]:
-            self.err.print(f"error: {state['error']}", style="red")
+        if summary.get("error"):
+            self.err.print(f"error: {summary['error']}", style="red")
         return 0 if summary["status"] == "ok" else 1
 
     def _bring_up(self, record: RunRecord, workdir: Path):

@@ -27,13 +27,17 @@ timeout: 15s
 def test_overflow_drops_are_counted_at_the_egress_queue(tmp_path):
     spec = tmp_path / "collide.yaml"
     spec.write_text(EXPERIMENT)
-    fabric_emu("run", str(spec), "--out", str(tmp_path / "out"))
+    r = fabric_emu("run", str(spec), "--out", str(tmp_path / "out"))
     run_dir = only_run_dir(tmp_path / "out", "collide")
     s = read_json(run_dir / "summary.json")
+    # Data was lost and nothing retransmits it: the collective did not complete.
+    assert r.returncode == 1 and s["status"] == "incomplete"
+    assert 0.3 < s["transport"]["delivered_fraction"] < 0.9
     ports = read_csv(run_dir / "ports.csv")
     uplink_drops = sum(int(p["queue_drops"]) for p in ports
                        if p["switch"].startswith("leaf") and p["kind"] == "fabric")
     assert uplink_drops > 100, ports  # 2:1 overload for seconds overflows 256 KB
+    assert s["ecmp"]["max_qps_per_uplink"] == 2  # the collision, as the summary reports it
 
     agents = [json.loads(f.read_text()) for f in (run_dir / "agents").glob("*.json")]
     sent = sum(q["packets"] for a in agents for q in a["send_qps"])

@@ -36,6 +36,9 @@ def test_run_succeeds_at_link_rate(quickstart):
     assert s["busbw_fraction"] <= 1.0  # a ring all-reduce cannot beat the host link
     assert s["transport"]["missing_packets"] == 0
     assert s["switch"]["drops"] == 0
+    # In host order each leaf sends one QP up, so no uplink is shared (as OVS chose the paths).
+    assert s["ecmp"] == {"crossing_qps": 4, "uplinks_used": 4, "max_qps_per_uplink": 1,
+                         "shared_uplinks": 0}
     assert "busbw" in r.stdout and str(run_dir) in r.stdout
 
 

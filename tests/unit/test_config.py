@@ -92,3 +92,11 @@ def test_bad_set_syntax(spec_dir: Path):
     with pytest.raises(SpecError) as exc:
         load_experiment(spec_dir / "exp.yaml", ["topology.spines"])
     assert problems(exc)[0][0] == "--set"
+
+
+def test_default_timeout_scales_with_the_workload(spec_dir: Path):
+    # 8 ranks of 1 MB at 50 Mb/s: 1.75 MB per rank = 0.28 s at line rate.
+    spec, _, _ = load_checked(spec_dir / "exp.yaml", [])
+    assert spec.timeout == pytest.approx(30 + 10 * 0.28)
+    spec, _, _ = load_checked(spec_dir / "exp.yaml", ["timeout=5s"])
+    assert spec.timeout == 5

@@ -27,3 +27,32 @@ def test_nccl_tests_bandwidths_in_both_worlds():
     assert bw["algbw_emulated_gbps"] == pytest.approx(8e6 * 8 / 2.3 / 1e9)
     assert bw["busbw_emulated_gbps"] == pytest.approx(bw["algbw_emulated_gbps"] * 1.75)
     assert bw["busbw_gbps"] == pytest.approx(bw["busbw_emulated_gbps"] * 2000)
+
+
+def test_ecmp_load_counts_queue_pairs_per_leaf_uplink():
+    from fabric_emu.config import TopologySpec
+    from fabric_emu.plan import build_plan
+    from fabric_emu.summary import ecmp_load
+
+    plan = build_plan(TopologySpec(name="t", kind="leaf-spine", spines=2, leaves=2, hosts_per_leaf=2))
+    agents = {  # h1, h2 on leaf1; h3 on leaf2
+        "h1": {"send_qps": [{"uplink": "spine1"}, {"uplink": "spine1"}]},
+        "h2": {"send_qps": [{"uplink": "spine2"}, {"uplink": ""}]},  # "" = stays on the leaf
+        "h3": {"send_qps": [{"uplink": "spine1"}]},
+    }
+    assert ecmp_load(plan, agents) == {"crossing_qps": 4, "uplinks_used": 3,
+                                       "max_qps_per_uplink": 2, "shared_uplinks": 1}
+    assert ecmp_load(plan, {"h1": {"send_qps": [{"uplink": ""}]}}) is None
+
+
+def test_lost_data_means_the_collective_is_incomplete():
+    from fabric_emu.cli import load_checked
+    from fabric_emu.summary import build_summary
+
+    spec, plan, ranks = load_checked(__import__("pathlib").Path(__file__).parents[2] / "experiments/quickstart.yaml", [])
+    agent = {"status": "ok", "iterations": [{"start": 0.0, "end": 1.0}],
+             "send_qps": [{"bytes": 100}], "recv_qps": [{"bytes": 90, "packets": 9, "missing": 1,
+                                                         "out_of_order": 0}]}
+    s = build_summary(spec, plan, ranks, {"agents": {h: agent for h in ranks}}, {"status": "ok"})
+    assert s["status"] == "incomplete" and "retransmission" in s["error"]
+    assert s["transport"]["delivered_fraction"] == 0.9
