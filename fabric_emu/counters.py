@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import re
 import subprocess
-import threading
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 
 from fabric_emu import shaping
 from fabric_emu.plan import FabricPlan
+from fabric_emu.sampling import Sampler
 
 OVS_KEYS = ("rx_bytes", "rx_packets", "tx_bytes", "tx_packets", "rx_dropped", "tx_dropped")
 COUNTERS = (*OVS_KEYS, "rx_socket_drops", "queue_drops", "queue_overlimits")
@@ -117,38 +118,27 @@ def totals(rows: list[PortCounters]) -> dict[str, int]:
     }
 
 
-@dataclass
-class QueueSampler:
-    """Samples the egress backlog of every switch port while traffic runs, in the background.
+class QueueSampler(Sampler):
+    """Samples the egress backlog of every switch port while traffic runs.
 
     One netlink dump per sample; `rows` is the time series (seconds since the start, emulated),
     `max_backlog` the deepest each port got.
     """
 
-    plan: FabricPlan
-    interval_s: float = 0.1
-    rows: list[dict] = field(default_factory=list)
-    max_backlog: dict[str, int] = field(default_factory=dict)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    def __init__(self, plan: FabricPlan, interval_s: float = 0.1) -> None:
+        self.plan = plan
+        self.interval_s = interval_s
+        self.rows: list[dict] = []
+        self.max_backlog: dict[str, int] = {}
 
-    def __enter__(self) -> "QueueSampler":
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="queue-sampler")
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join()
-
-    def _loop(self) -> None:
+    def ticks(self) -> Iterator[None]:
         ports = [(sw.name, p) for sw in self.plan.switches for p in self.plan.ports(sw.name)]
         with shaping.IPRoutePool() as pool:
             ipr = pool.get(None)
             index_of = {p.intf: ipr.link_lookup(ifname=p.intf)[0] for _, p in ports}
             start = time.monotonic()
-            while not self._stop.wait(self.interval_s):
+            while True:
+                yield
                 t = time.monotonic() - start
                 backlogs = shaping.egress_backlogs(pool=pool)
                 for sw, p in ports:

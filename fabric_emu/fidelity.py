@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import threading
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+
+from fabric_emu.sampling import Sampler
 
 CPU_SATURATED = 0.95  # busy fraction of all cores above which a sample counts as saturated
 
@@ -17,28 +18,17 @@ def _cpu_times() -> tuple[int, int]:
     return total - idle, total
 
 
-@dataclass
-class CpuMonitor:
-    """Samples whole-machine CPU use in a background thread."""
+class CpuMonitor(Sampler):
+    """Samples whole-machine CPU use while traffic runs."""
 
-    interval_s: float = 0.5
-    samples: list[float] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    def __init__(self, interval_s: float = 0.5) -> None:
+        self.interval_s = interval_s
+        self.samples: list[float] = []
 
-    def __enter__(self) -> "CpuMonitor":
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="cpu-monitor")
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join()
-
-    def _loop(self) -> None:
+    def ticks(self) -> Iterator[None]:
         busy0, total0 = _cpu_times()
-        while not self._stop.wait(self.interval_s):
+        while True:
+            yield
             busy1, total1 = _cpu_times()
             if total1 > total0:
                 self.samples.append((busy1 - busy0) / (total1 - total0))
