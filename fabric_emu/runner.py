@@ -84,6 +84,11 @@ class Runner:
         started = time.time()
         run_dir = results.make_run_dir(self.out_base, self.spec.name, started)
         results.write_yaml(run_dir / "experiment.yaml", resolved_dict(self.spec))
+        # Replaced at the end; if this process is killed, the folder still says what happened.
+        results.write_json(run_dir / "summary.json", {
+            "status": "incomplete", "experiment": self.spec.name,
+            "load_balancing": self.spec.load_balancing,
+            "error": "the run did not finish (still running, or killed)"})
         record = RunRecord.new(f"{results.utc_stamp(started)}-{os.getpid()}")
         workdir = Path(tempfile.mkdtemp(prefix="fabric-emu-"))
         record.paths = [str(workdir)]

@@ -53,6 +53,9 @@ def test_clean_after_kill_9(tmp_path):
     assert any(p.role == "controller" for p in alive)
     assert any(p.role.startswith("agent") for p in alive)
 
+    (run_dir,) = list((tmp_path / "out" / "quickstart").iterdir())
+    assert read_json(run_dir / "summary.json")["status"] == "incomplete"  # says it did not finish
+
     r = fabric_emu("clean")
     assert r.returncode == 0, r.stderr
     assert "removed bridge spine1" in r.stdout
