@@ -27,35 +27,27 @@ from mininet.node import OVSSwitch
 
 from fabric_emu.cleanup import clean_record
 from fabric_emu.config import TopologySpec
-from fabric_emu.controller_proc import start_controller
-from fabric_emu.fabric import Fabric, PlanTopo
+from fabric_emu.fabric import PlanTopo
 from fabric_emu.plan import FabricPlan, build_plan
 from fabric_emu.records import RunLock, RunRecord
+from fabric_emu.routed import RoutedFabric
 
 
 def fabric_emu_round(plan: FabricPlan) -> tuple[float, float]:
+    """Bring-up and teardown exactly as `fabric-emu run` does them (RoutedFabric)."""
     workdir = Path(tempfile.mkdtemp(prefix="fabric-emu-bench-"))
     record = RunRecord.new(f"bench-{os.getpid()}-{time.time_ns()}")
     record.paths = [str(workdir)]
     record.save()
     t0 = time.monotonic()
-    plan_path = workdir / "plan.json"
-    plan_path.write_text(plan.to_json())
-    ctrl = start_controller(plan_path, workdir)
-    record.add_process(ctrl.pid, "controller")
-    fabric = Fabric(plan, record, ctrl.port)
+    routed = RoutedFabric(plan, record, workdir)
     try:
-        fabric.build()  # while the controller starts up, as fabric-emu run does
-        ctrl.wait_listening()
-        fabric.start()
-        if not ctrl.wait_ready(60):
-            raise RuntimeError("controller not ready")
-        fabric.check_reachable([h.name for h in plan.hosts])
+        routed.up(ready_timeout_s=60)
+        routed.fabric.check_reachable([h.name for h in plan.hosts])
         up = time.monotonic() - t0
     finally:
         t1 = time.monotonic()
-        fabric.stop()
-        ctrl.stop()
+        routed.down()
         clean_record(record)
     return up, time.monotonic() - t1
 

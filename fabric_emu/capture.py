@@ -10,8 +10,9 @@ from pathlib import Path
 
 from fabric_emu.config import CaptureSpec
 from fabric_emu.records import RunRecord
+from fabric_emu.roce import ROCE_UDP_PORT
 
-ROCE_FILTER = "udp dst port 4791"
+ROCE_FILTER = f"udp dst port {ROCE_UDP_PORT}"
 
 
 class Captures:

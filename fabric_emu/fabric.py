@@ -18,6 +18,7 @@ from pyroute2 import IPRoute
 
 from fabric_emu import shaping
 from fabric_emu.plan import FabricPlan
+from fabric_emu.roce import ROCE_UDP_PORT
 from fabric_emu.records import OVS_OWNER_KEY, RunRecord
 
 
@@ -109,8 +110,8 @@ class Fabric:
     def build(self) -> None:
         """Create hosts, bridges' objects and links (no switch runs yet)."""
         plan = self.plan
-        # Record the names before creating them: a kill -9 from here on is still cleanable.
-        self.record.bridges = [s.name for s in plan.switches]
+        # Record the link names before creating them: a kill -9 from here on is still
+        # cleanable. Bridges need no entry: each carries the run id in OVS itself.
         self.record.interfaces = switch_interfaces(plan)
         self.record.save()
 
@@ -179,7 +180,7 @@ class Fabric:
         if s.leaf == d.leaf:
             return ""
         flow = (f"udp,in_port={s.leaf_port},dl_src={s.mac},dl_dst={d.mac},nw_src={s.ip},"
-                f"nw_dst={d.ip},udp_src={udp_src},udp_dst=4791")
+                f"nw_dst={d.ip},udp_src={udp_src},udp_dst={ROCE_UDP_PORT}")
         trace = subprocess.run(["ovs-appctl", "ofproto/trace", s.leaf, flow],
                                capture_output=True, text=True, timeout=10, check=True).stdout
         ports = re.findall(r"\boutput:(\d+)", trace.split("Final flow:")[0])

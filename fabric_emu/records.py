@@ -62,7 +62,6 @@ class RunRecord:
     pid: int
     pid_start_time: int
     created: float
-    bridges: list[str] = field(default_factory=list)
     interfaces: list[str] = field(default_factory=list)  # root-namespace link ends
     processes: list[ProcessRef] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)  # temporary files and folders
@@ -93,7 +92,8 @@ class RunRecord:
     def load(cls, path: Path) -> "RunRecord":
         d = json.loads(path.read_text())
         d["processes"] = [ProcessRef(**p) for p in d.get("processes", [])]
-        return cls(**d)
+        # Keys of other fabric-emu versions are ignored, so their runs stay cleanable.
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
 
 def all_records() -> list[RunRecord]:

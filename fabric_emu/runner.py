@@ -14,6 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from rich.console import Console
 
 from fabric_emu import counters, results
@@ -25,15 +27,14 @@ from fabric_emu.plan import FabricPlan
 from fabric_emu.records import RunLock, RunRecord
 from fabric_emu.summary import build_summary, flow_rows, print_summary
 
+if TYPE_CHECKING:
+    from fabric_emu.routed import RoutedFabric
+
 READY_TIMEOUT_S = 60.0
 
 
 class Interrupted(Exception):
     """Ctrl-C or SIGTERM during a run."""
-
-
-class RunFailed(Exception):
-    """A run-time failure with a message meant for the user."""
 
 
 def _raise_interrupted(signum, frame):  # noqa: ARG001 - signal handler signature
@@ -51,8 +52,7 @@ class Runner:
         self.console = console
         self.err = Console(stderr=True, soft_wrap=True, highlight=False)
         self.times: dict[str, float] = {}
-        self.ctrl = None  # set as soon as each part exists, so teardown always finds it
-        self.fabric = None
+        self.routed: RoutedFabric | None = None  # set before anything starts: teardown finds it
         self.traffic: dict = {}  # what the traffic phase measured, even if it was cut short
         self.captures: Captures | None = None
 
@@ -141,23 +141,14 @@ class Runner:
         return 0 if summary["status"] == "ok" else 1
 
     def _bring_up(self, record: RunRecord, workdir: Path):
-        from fabric_emu.controller_proc import start_controller
-        from fabric_emu.fabric import Fabric
+        from fabric_emu.routed import RoutedFabric
 
         t = time.monotonic()
-        plan_path = workdir / "plan.json"
-        plan_path.write_text(self.plan.to_json())
-        self.ctrl = start_controller(plan_path, workdir, lb_mode=self.spec.load_balancing)
-        record.add_process(self.ctrl.pid, "controller")
-        self.fabric = Fabric(self.plan, record, self.ctrl.port)
-        self.fabric.build()  # while the controller starts up
-        self.ctrl.wait_listening()
-        self.fabric.start()
-        if not self.ctrl.wait_ready(READY_TIMEOUT_S):
-            raise RunFailed(f"the controller did not program all switches within {READY_TIMEOUT_S:.0f}s")
+        self.routed = RoutedFabric(self.plan, record, workdir, self.spec.load_balancing)
+        self.routed.up(READY_TIMEOUT_S)
         self.times["bring_up"] = time.monotonic() - t
         self.say(f"fabric up and routed in {self.times['bring_up']:.1f}s")
-        self.fabric.check_reachable(self.ranks)
+        self.routed.fabric.check_reachable(self.ranks)
         if self.spec.capture is not None:
             self.captures = Captures(self.spec.capture, workdir, record)
             self.captures.start()
@@ -170,7 +161,8 @@ class Runner:
         cut_short: BaseException | None = None
         with CpuMonitor() as cpu, counters.QueueSampler(self.plan) as queues:
             try:
-                agents = run_agents(self.spec, self.plan, self.ranks, self.fabric, record, workdir, self.say)
+                agents = run_agents(self.spec, self.plan, self.ranks, self.routed.fabric, record,
+                                    workdir, self.say)
             except Interrupted as e:
                 agents, cut_short = getattr(e, "agent_stats", {}), e
         self.times["traffic"] = time.monotonic() - t
@@ -178,7 +170,7 @@ class Runner:
         for row in ports:
             row.max_backlog_bytes = queues.max_backlog.get(row.intf, 0)
         ok = agents and all(a.get("status") == "ok" for a in agents.values())
-        self.fabric.annotate_uplinks(agents)
+        self.routed.fabric.annotate_uplinks(agents)
         self.traffic = {"status": "ok" if ok and not cut_short else "incomplete", "agents": agents,
                         "ports": ports, "queues": queues.rows, "cpu": cpu.summary()}
         if cut_short is not None:
@@ -188,13 +180,9 @@ class Runner:
         t = time.monotonic()
         if self.captures is not None:
             self.captures.stop(run_dir)
-        if self.fabric is not None:
-            try:
-                self.fabric.stop()
-            except Exception as e:  # noqa: BLE001 - the record-based clean below still runs
-                self.say(f"fabric stop failed ({e}); cleaning from the run record")
-        if self.ctrl is not None:
-            self.ctrl.stop()
+        if self.routed is not None:
+            for problem in self.routed.down():
+                self.say(f"{problem}; cleaning from the run record")
         logs = run_dir / "logs"
         logs.mkdir(exist_ok=True)
         for f in workdir.glob("*.log"):

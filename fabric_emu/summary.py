@@ -66,6 +66,21 @@ def ecmp_load(plan: FabricPlan, agents: dict[str, dict]) -> dict | None:
     }
 
 
+def transport_totals(agents: dict[str, dict]) -> dict:
+    """What the receivers counted, against what the senders sent."""
+    recv = [q for a in agents.values() for q in a.get("recv_qps", [])]
+    sent = sum(q["bytes"] for a in agents.values() for q in a.get("send_qps", []))
+    received = sum(q["bytes"] for q in recv)
+    return {
+        "delivered_fraction": received / sent if sent else None,
+        "bytes_received": received,
+        "packets_received": sum(q["packets"] for q in recv),
+        "missing_packets": sum(q["missing"] for q in recv),
+        "out_of_order_packets": sum(q["out_of_order"] for q in recv),
+        "ecn_ce_received": sum(q.get("ecn_ce", 0) for q in recv),
+    }
+
+
 def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traffic: dict,
                   state: dict) -> dict:
     w = spec.workload
@@ -103,16 +118,7 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
             ],
         })
     if agents:
-        recv = [q for a in agents.values() for q in a.get("recv_qps", [])]
-        sent = sum(q["bytes"] for a in agents.values() for q in a.get("send_qps", []))
-        summary["transport"] = {
-            "delivered_fraction": sum(q["bytes"] for q in recv) / sent if sent else None,
-            "bytes_received": sum(q["bytes"] for q in recv),
-            "packets_received": sum(q["packets"] for q in recv),
-            "missing_packets": sum(q["missing"] for q in recv),
-            "out_of_order_packets": sum(q["out_of_order"] for q in recv),
-            "ecn_ce_received": sum(q.get("ecn_ce", 0) for q in recv),
-        }
+        summary["transport"] = transport_totals(agents)
     ecmp = ecmp_load(plan, agents)
     if ecmp:
         summary["ecmp"] = ecmp
