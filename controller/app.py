@@ -31,7 +31,7 @@ from os_ken.ofproto import ofproto_v1_5 as ofp
 from os_ken.ofproto import ofproto_v1_5_parser as parser
 
 from controller.core import (Action, FabricCore, Flow, Group, Message, Output, PacketOut,
-                             ResetSwitch, ToController, ToGroup)
+                             ResetSwitch, SetEthSrc, ToController, ToGroup)
 from fabric_emu.plan import FabricPlan
 
 LOG = logging.getLogger("fabric_emu.controller")
@@ -87,6 +87,8 @@ def _actions(actions: Iterable[Action]) -> list[parser.OFPAction]:
                 out.append(parser.OFPActionGroup(group_id))
             case ToController():
                 out.append(parser.OFPActionOutput(ofp.OFPP_CONTROLLER, ofp.OFPCML_NO_BUFFER))
+            case SetEthSrc(mac):
+                out.append(parser.OFPActionSetField(eth_src=mac))
     return out
 
 
@@ -106,6 +108,8 @@ def to_ofp(dp: Datapath, msg: Message) -> list[parser.MsgBase]:
                                        group_id=msg.group_id, buckets=buckets, properties=props)]
         case Flow():
             inst = [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, _actions(msg.actions))]
+            if msg.goto_table is not None:
+                inst.append(parser.OFPInstructionGotoTable(msg.goto_table))
             return [parser.OFPFlowMod(dp, table_id=msg.table, priority=msg.priority,
                                       match=parser.OFPMatch(**msg.match), instructions=inst)]
         case PacketOut():

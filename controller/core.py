@@ -3,8 +3,14 @@
 faucet's split: this module decides, controller/app.py only translates the plain messages below
 to os-ken objects. Nothing here imports os-ken, so it is tested in milliseconds with no switch.
 
-One table on every switch (higher priority wins):
+Two tables on every switch (higher priority wins). Table 0 tags, table 1 routes:
 
+  table 0  prio 1000  eth_type=0x8808 (MAC control, e.g. PFC) -> drop: it ends at the MAC
+           prio 100   in_port=<p> -> eth_src=0e:fe:<port id of p>:00:00, goto table 1
+  (the port id lets the egress port's BPF program charge the frame's bytes to the ingress port
+  it came by, for PFC; see fabric_emu/ports/bpf/port.c. A router rewrites eth_src anyway.)
+
+  table 1:
   prio 300  leaf:  ipv4_dst=<own host>/32        -> output:<host port>
   prio 200  leaf:  ipv4_dst=<other leaf's /24>   -> the leaf's uplink spreading (ECMP: group 1)
             spine: ipv4_dst=<leaf j's /24>       -> output:<port to leaf j>
@@ -12,7 +18,7 @@ One table on every switch (higher priority wins):
   prio 0    anything else                        -> drop (no flooding, ever)
 
 Hosts ARP for each other directly (one /16) and get the true MAC from the controller, so frames
-already carry the right eth_dst and no switch rewrites headers.
+already carry the right eth_dst; switches rewrite only eth_src.
 """
 
 from __future__ import annotations
@@ -23,7 +29,12 @@ from dataclasses import dataclass
 from typing import Callable, Union
 
 from fabric_emu.plan import FabricPlan, Host, Switch
+from fabric_emu.ports.model import port_ends
 
+TAG_TABLE = 0
+ROUTE_TABLE = 1
+PRIO_MAC_CONTROL = 1000
+PRIO_TAG = 100
 PRIO_LOCAL_HOST = 300
 PRIO_PREFIX = 200
 PRIO_ARP = 100
@@ -31,6 +42,7 @@ PRIO_MISS = 0
 
 ETH_TYPE_IPV4 = 0x0800
 ETH_TYPE_ARP = 0x0806
+ETH_TYPE_MAC_CONTROL = 0x8808
 ARP_REQUEST = 1
 ARP_REPLY = 2
 
@@ -58,7 +70,12 @@ class ToController:
     """Send the whole packet to the controller (no buffering)."""
 
 
-Action = Union[Output, ToGroup, ToController]
+@dataclass(frozen=True)
+class SetEthSrc:
+    mac: str
+
+
+Action = Union[Output, ToGroup, ToController, SetEthSrc]
 
 
 @dataclass(frozen=True)
@@ -71,7 +88,8 @@ class Flow:
     table: int
     priority: int
     match: dict  # OXM field -> value, as os-ken's OFPMatch keywords; a prefix is (addr, mask)
-    actions: tuple[Action, ...]  # empty = drop
+    actions: tuple[Action, ...]  # empty (and no goto) = drop
+    goto_table: int | None = None
 
 
 @dataclass(frozen=True)
@@ -162,6 +180,11 @@ def arp_reply(req: ArpRequest, target_mac: str) -> bytes:
 
 
 # --------------------------------------------------------------------------- the core
+def ingress_tag(port_id: int) -> str:
+    """The source MAC table 0 writes: 0e:fe, then the ingress port id (the egress id follows)."""
+    return f"0e:fe:{port_id >> 8:02x}:{port_id & 0xff:02x}:00:00"
+
+
 def leaf_prefixes(plan: FabricPlan) -> dict[str, ipaddress.IPv4Network]:
     """The /24 that holds each leaf's hosts (10.0.<leaf>.0/24); checks that it is one and unique."""
     prefixes: dict[str, ipaddress.IPv4Network] = {}
@@ -191,6 +214,10 @@ class FabricCore:
         self._switch_by_dpid = {s.dpid: s for s in plan.switches}
         self._host_by_ip = {h.ip: h for h in plan.hosts}
         self._prefix = leaf_prefixes(plan)
+        self._port_ids: dict[str, dict[int, int]] = {}
+        for end in port_ends(plan):
+            if end.role == "switch":
+                self._port_ids.setdefault(end.node, {})[end.port] = end.id
 
     def expected_dpids(self) -> list[int]:
         return sorted(self._switch_by_dpid)
@@ -205,9 +232,16 @@ class FabricCore:
         else:
             groups, flows = (), self._spine_flows(switch)
         arp_request = {"eth_type": ETH_TYPE_ARP, "arp_op": ARP_REQUEST}
-        arp = Flow(0, PRIO_ARP, arp_request, (ToController(),))
-        miss = Flow(0, PRIO_MISS, {}, ())
-        return [ResetSwitch(), *groups, *flows, arp, miss]
+        arp = Flow(ROUTE_TABLE, PRIO_ARP, arp_request, (ToController(),))
+        miss = Flow(ROUTE_TABLE, PRIO_MISS, {}, ())
+        return [ResetSwitch(), *groups, *flows, arp, miss, *self._tag_flows(switch)]
+
+    def _tag_flows(self, switch: Switch) -> list[Flow]:
+        """Table 0: MAC control frames end here; everything else is tagged with its in_port's id."""
+        mac_control = Flow(TAG_TABLE, PRIO_MAC_CONTROL, {"eth_type": ETH_TYPE_MAC_CONTROL}, ())
+        return [mac_control] + [
+            Flow(TAG_TABLE, PRIO_TAG, {"in_port": port}, (SetEthSrc(ingress_tag(port_id)),), ROUTE_TABLE)
+            for port, port_id in sorted(self._port_ids[switch.name].items())]
 
     def packet_in(self, dpid: int, in_port: int, data: bytes) -> list[Message]:
         """Proxy ARP: answer a request for any planned host with its MAC; ignore everything else."""
@@ -224,15 +258,15 @@ class FabricCore:
         return switch is not None and switch.name == host.leaf and port == host.leaf_port
 
     def _leaf_rules(self, leaf: Switch) -> tuple[tuple[Group, ...], list[Flow]]:
-        local = [Flow(0, PRIO_LOCAL_HOST, {"eth_type": ETH_TYPE_IPV4, "ipv4_dst": h.ip},
+        local = [Flow(ROUTE_TABLE, PRIO_LOCAL_HOST, {"eth_type": ETH_TYPE_IPV4, "ipv4_dst": h.ip},
                       (Output(h.leaf_port),))
                  for h in self.plan.hosts if h.leaf == leaf.name]
         spread = self._spread_uplinks(self.plan, leaf)
-        remote = [Flow(0, PRIO_PREFIX, _ipv4_dst(net), (spread.action,))
+        remote = [Flow(ROUTE_TABLE, PRIO_PREFIX, _ipv4_dst(net), (spread.action,))
                   for name, net in self._prefix.items() if name != leaf.name]
         return spread.groups, local + remote
 
     def _spine_flows(self, spine: Switch) -> list[Flow]:
         port_to = {p.peer: p.port for p in self.plan.ports(spine.name)}
-        return [Flow(0, PRIO_PREFIX, _ipv4_dst(net), (Output(port_to[name]),))
+        return [Flow(ROUTE_TABLE, PRIO_PREFIX, _ipv4_dst(net), (Output(port_to[name]),))
                 for name, net in self._prefix.items()]

@@ -13,6 +13,11 @@ from fabric_emu.records import RunRecord
 from fabric_emu.roce import ROCE_UDP_PORT
 
 ROCE_FILTER = f"udp dst port {ROCE_UDP_PORT}"
+# PFC frames (MAC control, opcode 0x0101) get their own file: the RoCE one fills its count in
+# the first milliseconds, and pauses come later. A port sees the pauses it receives: a MAC sends
+# its own without passing the capture tap (they bypass the qdisc).
+PFC_FILTER = "ether proto 0x8808 and ether[14:2] = 0x0101"
+PFC_FRAMES = 1000
 
 
 class Captures:
@@ -24,22 +29,24 @@ class Captures:
         self.record = record
         self.procs: dict[str, subprocess.Popen] = {}
 
-    def pcap(self, port: str) -> Path:
-        return self.workdir / f"capture-{port}.pcap"
+    def pcap(self, name: str) -> Path:
+        return self.workdir / f"{name}.pcap"
 
     def start(self) -> None:
         for port in self.spec.ports:  # names were checked against the plan: no shell involved
-            cmd = ["tcpdump", "-i", port, "-p", "-n", "-U", "-c", str(self.spec.packets),
-                   "-s", str(self.spec.snaplen), "-w", str(self.pcap(port)), ROCE_FILTER]
-            with open(self.workdir / f"tcpdump-{port}.log", "w") as log:
-                p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-            self.procs[port] = p
-            self.record.add_process(p.pid, f"tcpdump {port}")
+            files = [(f"capture-{port}", self.spec.packets, ROCE_FILTER), (f"pfc-{port}", PFC_FRAMES, PFC_FILTER)]
+            for name, count, bpf_filter in files:
+                cmd = ["tcpdump", "-i", port, "-p", "-n", "-U", "-c", str(count),
+                       "-s", str(self.spec.snaplen), "-w", str(self.pcap(name)), bpf_filter]
+                with open(self.workdir / f"tcpdump-{name}.log", "w") as log:
+                    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+                self.procs[name] = p
+                self.record.add_process(p.pid, f"tcpdump {name}")
         # tcpdump prints "listening on" once its socket is open; wait so no packet is missed.
-        for port in self.procs:
-            log = self.workdir / f"tcpdump-{port}.log"
+        for name in self.procs:
+            log = self.workdir / f"tcpdump-{name}.log"
             for _ in range(100):
-                if "listening on" in log.read_text() or self.procs[port].poll() is not None:
+                if "listening on" in log.read_text() or self.procs[name].poll() is not None:
                     break
                 time.sleep(0.05)
 

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from fabric_emu.collectives import ring_allreduce_line_rate_s
+from fabric_emu import traffic
 from fabric_emu.config import SpecError, load_experiment, load_topology, read_yaml
 from fabric_emu.plan import build_plan, resolve_ranks
 
@@ -39,19 +39,27 @@ def _input_error(e: SpecError) -> None:
 
 
 def load_checked(path: Path, sets: list[str]):
-    """Load an experiment and check names that need the plan (rank host names)."""
+    """Load an experiment and check names that need the plan (the workload's host names)."""
     spec = load_experiment(path, sets)
     plan = build_plan(spec.topology)
-    try:
-        ranks = resolve_ranks(plan, spec.workload.ranks)
-    except KeyError as e:
-        names = [h.name for h in plan.hosts]
-        raise SpecError([(str(path), "workload.ranks",
-                          f"unknown host {e.args[0]!r} (hosts are {names[0]}..{names[-1]})")]) from None
+    w = spec.workload
+    names = [h.name for h in plan.hosts]
+    if w.type == "allreduce":
+        try:
+            ranks = resolve_ranks(plan, w.ranks)
+        except KeyError as e:
+            raise SpecError([(str(path), "workload.ranks",
+                              f"unknown host {e.args[0]!r} (hosts are {names[0]}..{names[-1]})")]) from None
+    else:
+        unknown = traffic.unknown_hosts(w, names)
+        if unknown:
+            raise SpecError([(str(path), field, msg) for field, msg in unknown])
+        flows = traffic.workload_flows(w, names)
+        if not flows:  # an incast from 'all' in a fabric of one host
+            raise SpecError([(str(path), "workload.senders", f"'all' is nobody: {w.receiver} is the only host")])
+        ranks = traffic.agent_hosts(flows, names)
     if spec.timeout is None:
-        w = spec.workload
-        line_rate_s = ring_allreduce_line_rate_s(w.size, len(ranks), w.iterations,
-                                                 plan.host_rate_bps(ranks[0]))
+        line_rate_s = traffic.line_rate_s(w, ranks, names, plan.host_rate_bps(ranks[0]), plan.dilation)
         spec = spec.model_copy(update={"timeout": DEFAULT_TIMEOUT_BASE_S + 10 * line_rate_s})
     if spec.capture is not None:
         ports = {p.intf for sw in plan.switches for p in plan.ports(sw.name)}

@@ -5,7 +5,7 @@ sends one chunk to its right neighbour (r+1) and receives one from its left neig
 reduce-scatter (k < n-1) sends chunk (r-k) mod n, all-gather (k' = k-(n-1)) sends chunk
 (r-k'+1) mod n. Each chunk is split over the queue pairs to the neighbour, one RDMA WRITE
 message per queue pair per step, the way NCCL spreads a step over its channels.
-Metrics follow nccl-tests (reference/protocol_facts.md §5.1).
+Metrics follow nccl-tests (docs/reference/protocol_facts.md §5.1).
 """
 
 from __future__ import annotations

@@ -17,9 +17,11 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
@@ -98,7 +100,106 @@ class AllReduceWorkload(Strict):
         return v
 
 
-Workload = Annotated[Union[AllReduceWorkload], Field(discriminator="type")]
+HostName = Annotated[str, Field(pattern=NAME_RE)]
+
+
+def _problem_at(model: str, loc: tuple, msg: str, value: Any) -> ValidationError:
+    """A validation error at a field below the model (senders.2), not at the model itself."""
+    return ValidationError.from_exception_data(model, [InitErrorDetails(
+        type=PydanticCustomError("value_error", msg),
+        loc=loc, input=value)])
+
+
+class IncastWorkload(Strict):
+    """Every sender writes `size` bytes to one receiver, `iterations` times.
+
+    Iterations run back to back per sender, with no barrier: a sender posts iteration i+1 as
+    soon as its own iteration-i message has left its NIC.
+    """
+
+    type: Literal["incast"]
+    receiver: HostName
+    senders: Union[Literal["all"], list[HostName]] = Field(
+        default="all", description="'all' (every host but the receiver) or a list of host names")
+    size: Bytes = Field(gt=0, le=100 * 10**9, description="bytes per sender per iteration")
+    iterations: int = Field(default=1, ge=1, le=1000)
+    qps_per_sender: int = Field(default=1, ge=1, le=64)
+
+    @field_validator("senders")
+    @classmethod
+    def _senders_distinct(cls, v):
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("is empty ('all' or a list of host names)")
+            twice = sorted({h for h in v if v.count(h) > 1})
+            if twice:
+                raise ValueError(f"lists {', '.join(twice)} more than once (each sender is a distinct host)")
+        return v
+
+    @model_validator(mode="after")
+    def _receiver_is_not_a_sender(self):
+        if isinstance(self.senders, list) and self.receiver in self.senders:
+            i = self.senders.index(self.receiver)
+            raise _problem_at("IncastWorkload", ("senders", i),
+                              f"{self.receiver} is the receiver; a host cannot send to itself", self.receiver)
+        if self.size < self.qps_per_sender:
+            raise _problem_at("IncastWorkload", ("size",),
+                              f"{self.size} B is smaller than qps_per_sender ({self.qps_per_sender});"
+                              " every queue pair needs at least one byte", self.size)
+        return self
+
+
+class FlowSpec(Strict):
+    """One RDMA WRITE flow: `size` bytes from src to dst over `qps` queue pairs."""
+
+    src: HostName
+    dst: HostName
+    size: Optional[Bytes] = Field(default=None, gt=0, le=100 * 10**9,
+                                  description="bytes (default: the workload's size)")
+    qps: int = Field(default=1, ge=1, le=64)
+    start: Seconds = Field(default=0.0, ge=0, le=60,
+                           description="modelled fabric time after the common start")
+
+    @field_validator("dst")
+    @classmethod
+    def _not_to_itself(cls, v, info: ValidationInfo):
+        if v == info.data.get("src"):
+            raise ValueError(f"is the same host as src ({v}); a flow goes between two hosts")
+        return v
+
+
+class FlowsWorkload(Strict):
+    """Independent RDMA WRITE flows, each starting at its own time."""
+
+    type: Literal["flows"]
+    flows: list[FlowSpec] = Field(max_length=1024)
+    size: Optional[Bytes] = Field(default=None, gt=0, le=100 * 10**9,
+                                  description="bytes of every flow that does not give its own size")
+
+    @field_validator("flows")
+    @classmethod
+    def _flows_not_empty(cls, v):
+        if not v:
+            raise ValueError("is empty (list at least one flow with src, dst and size)")
+        return v
+
+    @model_validator(mode="after")
+    def _every_flow_has_a_size(self):
+        for i, f in enumerate(self.flows):
+            size = f.size if f.size is not None else self.size
+            if size is None:
+                raise _problem_at("FlowsWorkload", ("flows", i, "size"),
+                                  "required field is missing (or set workload.size for every flow"
+                                  " without its own)", None)
+            if size < f.qps:
+                raise _problem_at("FlowsWorkload", ("flows", i, "size"),
+                                  f"{size} B is smaller than qps ({f.qps}); every queue pair needs"
+                                  " at least one byte", size)
+        return self
+
+
+WORKLOAD_TYPES = ("allreduce", "incast", "flows")
+Workload = Annotated[Union[AllReduceWorkload, IncastWorkload, FlowsWorkload], Field(discriminator="type")]
 
 SWITCH_PORT_RE = r"^(spine|leaf)[0-9]{1,3}-eth[0-9]{1,3}$"
 
@@ -111,6 +212,48 @@ class CaptureSpec(Strict):
     snaplen: int = Field(default=0, ge=0, le=65535, description="bytes kept per packet; 0 = all")
 
 
+class EcnSpec(Strict):
+    """RED/ECN marking of the RoCE class at switch egress (DCQCN's congestion point).
+
+    Defaults: the profile of HPCC's simulator config, "from Alibaba's production" for 25G links
+    (docs/reference/deployed_parameters.md §4.3): kmin 100 KB, kmax 400 KB, pmax 20%; NVIDIA's
+    Cumulus default is 150 KB/1.5 MB/100%. In a port buffer under 1 MB the defaults shrink with
+    it (kmax 40% of the buffer, kmin a quarter of kmax); given values are taken as they are."""
+
+    enabled: bool = True
+    kmin: Optional[Bytes] = Field(default=None, ge=0, description="no marks at or below this depth")
+    kmax: Optional[Bytes] = Field(default=None, gt=0, description="every ECT packet marked above it")
+    pmax: float = Field(default=0.2, gt=0, le=1, description="mark probability at kmax")
+
+
+class PfcSpec(Strict):
+    """PFC on the lossless priority (3), thresholds per switch ingress port.
+
+    xoff/xon: bytes of priority 3 held in a switch that came in through one port; above xoff it
+    pauses its upstream, below xon it resumes it. Defaults: xoff 100 KB (less in a buffer too
+    small for it and the headroom), xon 20 KB below it, like the ~19 KB xon of SONiC's Mellanox
+    profiles (deployed_parameters.md §4.4). headroom: bytes absorbed above xoff while the pause
+    takes effect (default: the SONiC formula, fabric_emu/cc/headroom.py)."""
+
+    enabled: bool = True
+    xoff: Optional[Bytes] = Field(default=None, gt=0)
+    xon: Optional[Bytes] = Field(default=None, ge=0)
+    headroom: Optional[Bytes] = Field(default=None, gt=0, description="default: the SONiC formula")
+    cable_length: float = Field(default=100, ge=0, le=100_000,
+                                description="metres, for the headroom formula (Cumulus' default)")
+    quanta: int = Field(default=0xFFFF, ge=1, le=0xFFFF, description="pause time, 512-bit-time quanta")
+
+
+def resolve_thresholds(e: EcnSpec, p: PfcSpec, buf: int, need_headroom: int) -> tuple[int, int, int, int, int]:
+    """(kmin, kmax, headroom, xoff, xon): the given values, or the defaults for this buffer."""
+    kmax = e.kmax if e.kmax is not None else min(400_000, buf * 2 // 5)
+    kmin = e.kmin if e.kmin is not None else min(100_000, kmax // 4)
+    headroom = p.headroom if p.headroom is not None else need_headroom
+    xoff = p.xoff if p.xoff is not None else min(100_000, (buf - headroom) // 2)
+    xon = p.xon if p.xon is not None else max(0, xoff - min(20_000, xoff // 5))
+    return kmin, kmax, headroom, xoff, xon
+
+
 class ExperimentSpec(Strict):
     name: str = Field(pattern=NAME_RE)
     topology: TopologySpec
@@ -121,6 +264,8 @@ class ExperimentSpec(Strict):
         default=None, gt=0, le=86400,
         description="wall-clock limit of the traffic phase (default: 30 s + 10x its time at line rate)")
     capture: Optional[CaptureSpec] = None
+    ecn: EcnSpec = EcnSpec()
+    pfc: PfcSpec = PfcSpec()
 
     @field_validator("load_balancing")
     @classmethod
@@ -131,8 +276,49 @@ class ExperimentSpec(Strict):
         return v
 
     @model_validator(mode="after")
+    def _thresholds_fit(self):
+        """Fill the buffer-dependent defaults; thresholds beyond the buffer, or a headroom that
+        cannot keep PFC lossless, are errors (when the mechanism is on)."""
+        from fabric_emu.cc.headroom import headroom_bytes
+
+        t, buf = self.topology, self.topology.port_buffer
+        e, p = self.ecn, self.pfc
+        frame = t.mtu + 14
+        gbps = max(t.host_link.gbps, t.fabric_link.gbps)
+        need = headroom_bytes(frame, gbps, p.cable_length)
+        kmin, kmax, headroom, xoff, xon = resolve_thresholds(e, p, buf, need)
+        if e.enabled:
+            if kmin >= kmax:
+                raise _problem_at("ExperimentSpec", ("ecn", "kmin"), f"{kmin} B is not below kmax ({kmax} B)", kmin)
+            if kmax > buf:
+                raise _problem_at("ExperimentSpec", ("ecn", "kmax"),
+                                  f"{kmax} B is beyond topology.port_buffer ({buf} B)", kmax)
+        if p.enabled:
+            if headroom < need:
+                raise _problem_at("ExperimentSpec", ("pfc", "headroom"),
+                                  f"{headroom} B cannot keep {gbps:g} Gb/s lossless: in flight after a pause"
+                                  f" are up to {need} B (2 frames of {frame} B, {p.cable_length:g} m of"
+                                  " cable both ways, the 802.3 response time); raise it or set pfc.enabled: false",
+                                  headroom)
+            if xoff <= 0:
+                raise _problem_at("ExperimentSpec", ("topology", "port_buffer"),
+                                  f"{buf} B cannot hold PFC's headroom ({headroom} B) and an xoff above it;"
+                                  " raise it or set pfc.enabled: false", buf)
+            if xon >= xoff:
+                raise _problem_at("ExperimentSpec", ("pfc", "xon"), f"{xon} B is not below xoff ({xoff} B)", xon)
+            if xoff + headroom > buf:
+                raise _problem_at("ExperimentSpec", ("pfc", "xoff"),
+                                  f"xoff + headroom ({xoff} + {headroom} B) is beyond"
+                                  f" topology.port_buffer ({buf} B)", xoff)
+        return self.model_copy(update={
+            "ecn": e.model_copy(update={"kmin": kmin, "kmax": kmax}),
+            "pfc": p.model_copy(update={"headroom": headroom, "xoff": max(1, xoff), "xon": xon})})
+
+    @model_validator(mode="after")
     def _chunks_not_empty(self):
         w = self.workload
+        if w.type != "allreduce":
+            return self
         n = self.topology.leaves * self.topology.hosts_per_leaf if w.ranks == "all" else len(w.ranks)
         if w.size < n * w.qps_per_peer:
             raise ValueError(
@@ -185,8 +371,9 @@ def _set_dotted(data: dict, dotted: str, raw: str, source: str) -> None:
 
 def _field_path(loc: tuple) -> str:
     # pydantic puts the discriminator tag in loc (workload.allreduce.size); users never wrote it.
-    parts = [str(p) for p in loc
-             if p != "allreduce" and not re.match(r"(list|literal|str|int)\[", str(p))]
+    if len(loc) > 1 and loc[0] == "workload" and loc[1] in WORKLOAD_TYPES:
+        loc = loc[:1] + loc[2:]
+    parts = [str(p) for p in loc if not re.match(r"(list|literal|str|int)\[", str(p))]
     return ".".join(parts)
 
 

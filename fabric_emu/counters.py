@@ -1,5 +1,6 @@
-"""Switch port counters: OpenFlow port statistics, the kernel egress queues, and the drops of
-the sockets through which OVS's userspace datapath receives from each port.
+"""Switch port counters: OpenFlow port statistics, the kernel class queues, the port programs'
+and PFC daemon's counters (BPF map), and the drops of the sockets through which OVS's userspace
+datapath receives from each port.
 
 Snapshots are taken before and after the traffic phase; results use the difference, so ARP,
 controller chatter and set-up traffic do not count. Port statistics are read live over
@@ -14,16 +15,28 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
-from fabric_emu import shaping
 from fabric_emu.plan import FabricPlan
+from fabric_emu.ports import queues
+from fabric_emu.shaping import IPRoutePool
 from fabric_emu.sampling import Sampler
 
 OVS_KEYS = ("rx_bytes", "rx_packets", "tx_bytes", "tx_packets", "rx_dropped", "tx_dropped")
-COUNTERS = (*OVS_KEYS, "rx_socket_drops", "queue_drops", "queue_overlimits")
+CLASSES = (0, 3, 6)  # priorities with their own queue: default, RoCE (lossless), CNP
+# Counted by the kernel qdiscs (per class) and the port programs and PFC daemon (BPF map).
+CLASS_KEYS = tuple(f"{k}_p{p}" for k in ("queue_drops", "bpf_drops", "ecn_marked", "pause_tx", "pause_rx",
+                                         "paused_ns") for p in CLASSES)
+COUNTERS = (*OVS_KEYS, "rx_socket_drops", *CLASS_KEYS, "lossless_drops")
+# High-water marks (not differenced): deepest egress queue per class; most lossless bytes held
+# in the switch that came in through this port (what PFC's xoff is compared with).
+MAX_KEYS = (*(f"max_backlog_p{p}" for p in CLASSES), "max_held_p3")
 
 
 @dataclass
 class PortCounters:
+    """One switch port. Per class (_p0, _p3, _p6): queue_drops (kernel FIFO, should stay 0),
+    bpf_drops (tail drops of the port program's admission), ecn_marked, pause frames sent and
+    received, time paused (ns, emulated), deepest backlog."""
+
     switch: str
     port: int
     intf: str
@@ -36,22 +49,55 @@ class PortCounters:
     rx_dropped: int = 0  # OVS could not take the packet in
     tx_dropped: int = 0  # OVS could not hand the packet to the device
     rx_socket_drops: int = 0  # the port's receive socket in ovs-vswitchd overflowed
-    queue_drops: int = 0  # tail drops of the egress buffer (kernel bfifo)
-    queue_overlimits: int = 0
-    max_backlog_bytes: int = 0  # deepest the egress buffer was in the samples (not a delta)
+    queue_drops_p0: int = 0
+    queue_drops_p3: int = 0
+    queue_drops_p6: int = 0
+    bpf_drops_p0: int = 0
+    bpf_drops_p3: int = 0
+    bpf_drops_p6: int = 0
+    ecn_marked_p0: int = 0
+    ecn_marked_p3: int = 0
+    ecn_marked_p6: int = 0
+    pause_tx_p0: int = 0
+    pause_tx_p3: int = 0
+    pause_tx_p6: int = 0
+    pause_rx_p0: int = 0
+    pause_rx_p3: int = 0
+    pause_rx_p6: int = 0
+    paused_ns_p0: int = 0
+    paused_ns_p3: int = 0
+    paused_ns_p6: int = 0
+    lossless_drops: int = 0  # priority-3 drops while PFC was on: headroom overflow
+    max_backlog_p0: int = 0
+    max_backlog_p3: int = 0
+    max_backlog_p6: int = 0
+    max_held_p3: int = 0
+    max_backlog_bytes: int = 0  # deepest the whole egress buffer was in the samples
+
+    def class_drops(self, prio: int) -> int:
+        return getattr(self, f"queue_drops_p{prio}") + getattr(self, f"bpf_drops_p{prio}")
 
     @property
     def drops(self) -> int:
-        return self.rx_dropped + self.tx_dropped + self.rx_socket_drops + self.queue_drops
+        return (self.rx_dropped + self.tx_dropped + self.rx_socket_drops
+                + sum(self.class_drops(p) for p in CLASSES))
 
-    def row(self) -> dict:
+    @property
+    def ecn_marked(self) -> int:
+        return sum(getattr(self, f"ecn_marked_p{p}") for p in CLASSES)
+
+    def row(self, dilation: float = 1.0) -> dict:
         d = asdict(self)
         d["drops"] = self.drops
+        for p in CLASSES:
+            d[f"drops_p{p}"] = self.class_drops(p)
+            d[f"paused_fabric_us_p{p}"] = round(d.pop(f"paused_ns_p{p}") / 1e3 / dilation, 3)
         return d
 
     def minus(self, before: "PortCounters") -> "PortCounters":
         diff = {k: getattr(self, k) - getattr(before, k) for k in COUNTERS}
-        return PortCounters(self.switch, self.port, self.intf, self.peer, self.kind, **diff)
+        highs = {k: getattr(self, k) for k in MAX_KEYS}
+        return PortCounters(self.switch, self.port, self.intf, self.peer, self.kind, **diff, **highs)
 
 
 _PORT_STATS = re.compile(
@@ -86,65 +132,119 @@ def ovs_socket_drops() -> dict[str, int]:
     return parse_socket_drops(out)
 
 
-def snapshot(plan: FabricPlan) -> list[PortCounters]:
-    """Counters of every switch port, in plan order."""
+def snapshot(plan: FabricPlan, ports: dict[str, dict[str, int]] | None = None) -> list[PortCounters]:
+    """Counters of every switch port, in plan order; `ports` are the port programs' counters
+    (LosslessPorts.counters()), by interface."""
     socket_drops = ovs_socket_drops()
     rows = []
     ends = [(sw.name, p) for sw in plan.switches for p in plan.ports(sw.name)]
     stats = {sw.name: port_stats(sw.name) for sw in plan.switches}
-    with shaping.IPRoutePool() as pool:
-        queues = {p.intf: shaping.egress_stats(p.intf, pool=pool) for _, p in ends}
+    with IPRoutePool() as pool:
+        kernel = {p.intf: queues.class_stats(p.intf, pool=pool) for _, p in ends}
     for sw, p in ends:
         s = stats[sw].get(p.port, {})
-        q = queues[p.intf]
+        bpf = (ports or {}).get(p.intf, {})
+        per_class = {}
+        for prio in CLASSES:
+            per_class.update({
+                f"queue_drops_p{prio}": kernel[p.intf][prio].drops,
+                f"bpf_drops_p{prio}": bpf.get(f"drops_p{prio}", 0),
+                f"ecn_marked_p{prio}": bpf.get(f"marked_p{prio}", 0),
+                f"pause_tx_p{prio}": bpf.get(f"pause_tx_p{prio}", 0),
+                f"pause_rx_p{prio}": bpf.get(f"pause_rx_p{prio}", 0),
+                f"paused_ns_p{prio}": bpf.get(f"paused_ns_p{prio}", 0),
+                f"max_backlog_p{prio}": bpf.get(f"max_queue_p{prio}", 0),
+            })
         rows.append(PortCounters(
             switch=sw, port=p.port, intf=p.intf, peer=p.peer, kind=p.kind,
             **{k: s.get(k, 0) for k in OVS_KEYS}, rx_socket_drops=socket_drops.get(p.intf, 0),
-            queue_drops=q.drops, queue_overlimits=q.overlimits,
+            lossless_drops=bpf.get("lossless_drops", 0), max_held_p3=bpf.get("max_held_p3", 0),
+            **per_class,
         ))
     return rows
 
 
 def delta(after: list[PortCounters], before: list[PortCounters]) -> list[PortCounters]:
+    """Counters during the phase, after - before, port by port.
+
+    A port absent from `before` has no baseline: its counters would be totals since the port
+    was created, so this raises ValueError rather than report them as the phase's."""
     prev = {(c.switch, c.port): c for c in before}
-    return [c.minus(prev[(c.switch, c.port)]) if (c.switch, c.port) in prev else c for c in after]
+    unknown = [c.intf for c in after if (c.switch, c.port) not in prev]
+    if unknown:
+        raise ValueError(f"port counters: {', '.join(unknown)} missing from the snapshot before "
+                         "traffic, so their counts during it are unknown")
+    return [c.minus(prev[(c.switch, c.port)]) for c in after]
 
 
-def totals(rows: list[PortCounters]) -> dict[str, int]:
+def totals(rows: list[PortCounters], dilation: float = 1.0) -> dict:
+    """summary.json's `switch` block."""
     return {
         "tx_packets": sum(r.tx_packets for r in rows),
         "tx_bytes": sum(r.tx_bytes for r in rows),
         "drops": sum(r.drops for r in rows),
+        "drops_by_class": {f"p{p}": sum(r.class_drops(p) for r in rows) for p in CLASSES},
+        "lossless_drops": sum(r.lossless_drops for r in rows),
+        "ecn_marked": sum(r.ecn_marked for r in rows),
+        "pause_tx": sum(r.pause_tx_p3 for r in rows),
+        "pause_rx": sum(r.pause_rx_p3 for r in rows),
+        "paused_fabric_us": round(sum(r.paused_ns_p3 for r in rows) / 1e3 / dilation, 3),
+        "ports_paused": sum(1 for r in rows if r.paused_ns_p3),
+        "max_backlog_bytes_p3": max((r.max_backlog_p3 for r in rows), default=0),
     }
 
 
+def nic_totals(plan: FabricPlan, before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]) -> dict:
+    """summary.json's `nic` block: how often and how long PFC paused the hosts' NICs."""
+    hosts = [h.intf for h in plan.hosts]
+    paused_ns = sum(after[i]["paused_ns_p3"] - before[i]["paused_ns_p3"] for i in hosts)
+    return {"pause_rx": sum(after[i]["pause_rx_p3"] - before[i]["pause_rx_p3"] for i in hosts),
+            "paused_fabric_us": round(paused_ns / 1e3 / plan.dilation, 3),
+            "nics_paused": sum(1 for i in hosts if after[i]["paused_ns_p3"] > before[i]["paused_ns_p3"]),
+            "paused_s_by_host": {h.name: (after[h.intf]["paused_ns_p3"] - before[h.intf]["paused_ns_p3"]) / 1e9
+                                 for h in plan.hosts}}
+
+
 class QueueSampler(Sampler):
-    """Samples the egress backlog of every switch port while traffic runs.
+    """Samples the egress backlog of every switch port, per class, while traffic runs.
 
     One netlink dump per sample; `rows` is the time series (seconds since the start, emulated),
-    `max_backlog` the deepest each port got.
+    `max_backlog` the deepest each port got. `paused` (a callable giving each port's pause
+    state) adds whether its lossless class was paused at the sample.
     """
 
-    def __init__(self, plan: FabricPlan, interval_s: float = 0.1) -> None:
+    def __init__(self, plan: FabricPlan, interval_s: float = 0.1, paused=None) -> None:
         self.plan = plan
         self.interval_s = interval_s
+        self.paused = paused
         self.rows: list[dict] = []
         self.max_backlog: dict[str, int] = {}
+        self.start = time.monotonic()
+
+    def shift(self, origin: float) -> None:
+        """Re-express the time series from `origin` (monotonic seconds), e.g. the agents' GO."""
+        dt = origin - self.start
+        for row in self.rows:
+            row["t_s"] = round(row["t_s"] - dt, 4)
+            row["t_fabric_us"] = round(row["t_s"] / self.plan.dilation * 1e6, 3)
 
     def ticks(self) -> Iterator[None]:
         ports = [(sw.name, p) for sw in self.plan.switches for p in self.plan.ports(sw.name)]
-        with shaping.IPRoutePool() as pool:
+        with IPRoutePool() as pool:
             ipr = pool.get(None)
             index_of = {p.intf: ipr.link_lookup(ifname=p.intf)[0] for _, p in ports}
-            start = time.monotonic()
+            start = self.start = time.monotonic()
             while True:
                 yield
                 t = time.monotonic() - start
-                backlogs = shaping.egress_backlogs(pool=pool)
+                backlogs = queues.class_backlogs(ipr)
+                paused = self.paused() if self.paused else {}
                 for sw, p in ports:
-                    nbytes, npackets = backlogs.get(index_of[p.intf], (0, 0))
+                    per_class = backlogs.get(index_of[p.intf], {})
+                    nbytes = sum(per_class.values())
                     self.max_backlog[p.intf] = max(self.max_backlog.get(p.intf, 0), nbytes)
                     self.rows.append({
                         "t_s": round(t, 4), "t_fabric_us": round(t / self.plan.dilation * 1e6, 3),
-                        "switch": sw, "port": p.port, "peer": p.peer,
-                        "backlog_bytes": nbytes, "backlog_packets": npackets})
+                        "switch": sw, "port": p.port, "peer": p.peer, "backlog_bytes": nbytes,
+                        **{f"p{c}_bytes": per_class.get(c, 0) for c in CLASSES},
+                        "paused": int(paused.get(p.intf, False))})

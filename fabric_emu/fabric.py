@@ -2,7 +2,8 @@
 
 This is kernel/process plumbing only; every decision (names, ports, addresses, rates) comes from
 the plan. Switches use OVS's userspace datapath (our CI kernel has no OVS module); each link end
-gets an egress queue (HTB at the emulated rate + a byte-limited FIFO) through fabric_emu.shaping.
+gets its traffic classes (HTB at the emulated rate, a queue per class) through
+fabric_emu.ports.queues, with limits from the port plan.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from mininet.node import Host, OVSSwitch, RemoteController
 from mininet.topo import Topo
 from pyroute2 import IPRoute
 
-from fabric_emu import shaping
 from fabric_emu.plan import FabricPlan
+from fabric_emu.ports import queues
+from fabric_emu.ports.model import PortPlan
 from fabric_emu.roce import ROCE_UDP_PORT
 from fabric_emu.records import OVS_OWNER_KEY, RunRecord
 
@@ -91,8 +93,10 @@ def conflicts(plan: FabricPlan) -> list[str]:
 class Fabric:
     """Build, start and stop the Mininet network for one run."""
 
-    def __init__(self, plan: FabricPlan, record: RunRecord, controller_port: int) -> None:
+    def __init__(self, plan: FabricPlan, record: RunRecord, controller_port: int,
+                 ports: PortPlan) -> None:
         self.plan = plan
+        self.ports = ports
         self.record = record
         self.controller_port = controller_port
         self.net: Mininet | None = None
@@ -149,11 +153,14 @@ class Fabric:
             h.waitOutput()
 
     def _shape_links(self) -> None:
-        buf, mtu = self.plan.port_buffer, self.plan.mtu
-        shaping.shape_all(
-            shaping.EgressPort(intf, ln.emulated_bps, buf, mtu, self.netns_of(node))
-            for ln in self.plan.links
-            for node, intf in ((ln.a, ln.a_intf), (ln.b, ln.b_intf)))
+        with queues.IPRoutePool() as pool:
+            for end in self.ports.ends:
+                limits = self.ports.settings(end).fifo_limits
+                queues.shape_classes(queues.PortQueues(end.intf, end.emulated_bps, self.plan.mtu, limits,
+                                                       self.netns_of(end.node)), pool=pool)
+
+    def netns_by_node(self) -> dict[str, str | None]:
+        return {end.node: self.netns_of(end.node) for end in self.ports.ends}
 
     def stop(self) -> None:
         if self.net is not None:

@@ -6,7 +6,7 @@ version/IHL 0x45, identification 0 (an unconnected socket with IP_PMTUDISC_DO se
 with id 0), DF, protocol 17, UDP checksum 0 (SO_NO_CHECK). TOS, TTL, the IP header checksum,
 the UDP checksum and the BTH F/B/reserved bits are masked to ones in the ICRC, so switches may
 rewrite ECN or TTL without breaking it. Layout and masking follow scapy's
-``scapy.contrib.roce.BTH.compute_icrc``; facts and sources in reference/protocol_facts.md §1.
+``scapy.contrib.roce.BTH.compute_icrc``; facts and sources in docs/reference/protocol_facts.md §1.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ _BECN = 0x40000000
 _ACKREQ = 0x80000000
 _IP_DF = 0x4000
 _ONES8 = b"\xff" * 8  # stands in for the InfiniBand LRH
+_ZERO_ICRC = bytes(ICRC_LEN)
 
 
 def has_reth(opcode: int) -> bool:
@@ -126,7 +127,7 @@ def check_icrc(src_ip: str, dst_ip: str, sport: int, udp_payload: bytes) -> bool
 class PacketWriter:
     """Builds RC packets into one preallocated buffer: no allocation and no scapy per packet.
 
-    Data bytes are zeros. The returned view is valid until the next write().
+    Data and pad bytes are zeros. The returned view is valid until the next write().
     """
 
     def __init__(self, max_payload: int):
@@ -135,6 +136,7 @@ class PacketWriter:
         self._pseudo_bth = bytearray(BTH_LEN)
         self._max_payload = max_payload
         self._reth_dirty = False
+        self._icrc_at = 0  # where the last ICRC went: data or pad bytes of a longer packet
 
     def write(self, prefix_crc: int, opcode: int, dest_qp: int, psn: int, payload_len: int,
               *, ackreq: bool = False, reth_fields: tuple[int, int, int] | None = None
@@ -144,22 +146,24 @@ class PacketWriter:
             raise ValueError(f"payload {payload_len} B exceeds {self._max_payload} B")
         buf = self._buf
         pad = -payload_len & 3
+        has_reth = opcode in _OPCODES_WITH_RETH
+        end = BTH_LEN + (RETH_LEN if has_reth else 0) + payload_len + pad
+        if self._icrc_at != end:  # keep data and pad bytes zero where an earlier ICRC sat
+            buf[self._icrc_at:self._icrc_at + ICRC_LEN] = _ZERO_ICRC
+            self._icrc_at = end
         psn_word = (psn & PSN_MASK) | (_ACKREQ if ackreq else 0)
         _BTH.pack_into(buf, 0, opcode, pad << 4, DEFAULT_PKEY, dest_qp, psn_word)
         # The ICRC sees F, B and resv6 as ones; the wire carries zeros.
         _BTH.pack_into(self._pseudo_bth, 0, opcode, pad << 4, DEFAULT_PKEY,
                        _BTH_VARIANT_BITS | dest_qp, psn_word)
-        body = BTH_LEN
-        if opcode in _OPCODES_WITH_RETH:
+        if has_reth:
             if reth_fields is None:
                 raise ValueError(f"opcode {opcode:#x} needs a RETH")
             _RETH.pack_into(buf, BTH_LEN, *reth_fields)
-            body += RETH_LEN
             self._reth_dirty = True
         elif self._reth_dirty:  # keep data bytes zero after a RETH packet used the space
             buf[BTH_LEN:BTH_LEN + RETH_LEN] = bytes(RETH_LEN)
             self._reth_dirty = False
-        end = body + payload_len + pad
         crc = zlib.crc32(self._view[BTH_LEN:end], zlib.crc32(self._pseudo_bth, prefix_crc))
         _ICRC.pack_into(buf, end, crc)
         return self._view[:end + ICRC_LEN]

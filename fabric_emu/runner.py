@@ -25,6 +25,7 @@ from fabric_emu.config import ExperimentSpec, resolved_dict
 from fabric_emu.fidelity import CpuMonitor
 from fabric_emu.plan import FabricPlan
 from fabric_emu.records import RunLock, RunRecord
+from fabric_emu.ports.report import pause_rows
 from fabric_emu.summary import build_summary, flow_rows, print_summary
 
 if TYPE_CHECKING:
@@ -120,6 +121,8 @@ class Runner:
 
         ended = time.time()
         traffic = self.traffic
+        if self.routed is not None and self.routed.pfc_stats:
+            traffic["pfc_daemon"] = self.routed.pfc_stats
         summary = build_summary(self.spec, self.plan, self.ranks, traffic, state)
         results.write_json(run_dir / "summary.json", summary)
         results.write_json(run_dir / "metadata.json", {
@@ -130,21 +133,44 @@ class Runner:
             "dilation": self.plan.dilation, "status": summary["status"], "error": summary.get("error"),
         })
         if traffic.get("ports"):
-            results.write_csv(run_dir / "ports.csv", [p.row() for p in traffic["ports"]])
+            results.write_csv(run_dir / "ports.csv", [p.row(self.plan.dilation) for p in traffic["ports"]])
         if traffic.get("agents"):
             results.write_csv(run_dir / "flows.csv", flow_rows(self.plan, traffic["agents"]))
         if traffic.get("queues"):
             results.write_csv(run_dir / "queues.csv", traffic["queues"])
+        if traffic.get("thresholds"):
+            results.write_csv(run_dir / "thresholds.csv", traffic["thresholds"])
+        if "traffic_start" in traffic and traffic.get("pfc_daemon"):
+            results.write_csv(run_dir / "pauses.csv", pause_rows(self.plan, traffic["pfc_daemon"],
+                                                                 self._go_monotonic(traffic)))
         print_summary(self.console, summary, run_dir)
+        try:  # after every CSV; a plot never fails the run
+            from fabric_emu.plots import write_plots
+            if plots := write_plots(run_dir):
+                self.console.print(f"plots: {run_dir}/plots/ ({', '.join(p.name for p in plots)})",
+                                   soft_wrap=True, highlight=False)
+        except Exception as e:  # noqa: BLE001
+            self.say(f"warning: no plots: {type(e).__name__}: {e}")
         if summary.get("error"):
             self.err.print(f"error: {summary['error']}", style="red")
         return 0 if summary["status"] == "ok" else 1
 
+    @staticmethod
+    def _go_monotonic(traffic: dict) -> float:
+        """When the agents started (their GO), on the monotonic clock the PFC daemon logs with,
+        so pause times line up with the flows' times; the traffic phase's start without it."""
+        gos = [a["go"] for a in (traffic.get("agents") or {}).values() if a.get("go")]
+        if not gos:
+            return traffic["traffic_start"]
+        return min(gos) - (time.time() - time.monotonic())
+
     def _bring_up(self, record: RunRecord, workdir: Path):
+        from fabric_emu.ports.model import port_plan, settings_of
         from fabric_emu.routed import RoutedFabric
 
         t = time.monotonic()
-        self.routed = RoutedFabric(self.plan, record, workdir, self.spec.load_balancing)
+        ports = port_plan(self.plan, *settings_of(self.spec))
+        self.routed = RoutedFabric(self.plan, record, workdir, self.spec.load_balancing, ports=ports)
         self.routed.up(READY_TIMEOUT_S)
         self.times["bring_up"] = time.monotonic() - t
         self.say(f"fabric up and routed in {self.times['bring_up']:.1f}s")
@@ -156,23 +182,29 @@ class Runner:
     def _traffic(self, record: RunRecord, workdir: Path) -> None:
         from fabric_emu.workload import run_agents
 
-        before = counters.snapshot(self.plan)
+        lossless = self.routed.ports
+        port_before = lossless.counters()
+        before = counters.snapshot(self.plan, port_before)
         t = time.monotonic()
         cut_short: BaseException | None = None
-        with CpuMonitor() as cpu, counters.QueueSampler(self.plan) as queues:
+        with CpuMonitor() as cpu, counters.QueueSampler(self.plan, paused=lossless.paused_now) as queues:
             try:
                 agents = run_agents(self.spec, self.plan, self.ranks, self.routed.fabric, record,
                                     workdir, self.say)
             except Interrupted as e:
                 agents, cut_short = getattr(e, "agent_stats", {}), e
         self.times["traffic"] = time.monotonic() - t
-        ports = counters.delta(counters.snapshot(self.plan), before)
+        port_after = lossless.counters()
+        ports = counters.delta(counters.snapshot(self.plan, port_after), before)
+        nics = counters.nic_totals(self.plan, port_before, port_after)
         for row in ports:
             row.max_backlog_bytes = queues.max_backlog.get(row.intf, 0)
+        queues.shift(self._go_monotonic({"agents": agents, "traffic_start": queues.start}))
         ok = agents and all(a.get("status") == "ok" for a in agents.values())
         self.routed.fabric.annotate_uplinks(agents)
         self.traffic = {"status": "ok" if ok and not cut_short else "incomplete", "agents": agents,
-                        "ports": ports, "queues": queues.rows, "cpu": cpu.summary()}
+                        "ports": ports, "queues": queues.rows, "cpu": cpu.summary(),
+                        "traffic_start": t, "thresholds": lossless.installed(), "nics": nics}
         if cut_short is not None:
             raise cut_short
 

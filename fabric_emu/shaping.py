@@ -101,10 +101,10 @@ def open_iproute(netns: str | None = None) -> IPRoute:
     # by interface in the kernel and took ~20 ms per call with 200 ports in one namespace.
     if netns is None:
         return IPRoute(nlm_echo=True)
-    return IPRoute(fileno=_netlink_fd_in(netns), nlm_echo=True)
+    return IPRoute(fileno=netlink_fd_in(netns), nlm_echo=True)
 
 
-def _netlink_fd_in(netns: str) -> int:
+def netlink_fd_in(netns: str) -> int:
     """Create a NETLINK_ROUTE socket inside netns and return its fd (never creates a netns)."""
     result: list[int | BaseException] = []
 
@@ -164,13 +164,13 @@ def shape_egress(
     pool: IPRoutePool | None = None,
 ) -> None:
     """Replace ifname's root qdisc with HTB at rate_bps feeding a bfifo of buffer_bytes."""
-    with _borrowed(pool) as p:
+    with borrowed(pool) as p:
         ipr = p.get(netns)
-        index = _link_index(ipr, ifname)
-        _delete_root_qdisc(ipr, index)
+        index = link_index(ipr, ifname)
+        delete_root_qdisc(ipr, index)
         # default = minor of 1:1, so every packet (also ARP, IPv6 ND) goes through the class.
         ipr.tc("add", "htb", index, HTB_HANDLE, default=CLASS_HANDLE & 0xFFFF)
-        ipr.tc("add-class", "htb", index, CLASS_HANDLE, parent=HTB_HANDLE, **_class_params(rate_bps, mtu))
+        ipr.tc("add-class", "htb", index, CLASS_HANDLE, parent=HTB_HANDLE, **class_params(rate_bps, mtu))
         ipr.tc("add", "bfifo", index, FIFO_HANDLE, parent=CLASS_HANDLE, limit=buffer_bytes)
 
 
@@ -183,7 +183,7 @@ def shape_all(ports: Iterable[EgressPort]) -> None:
 
 def set_rate(ifname: str, rate_bps: float, netns: str | None = None, *, pool: IPRoutePool | None = None) -> None:
     """Change the HTB class rate/ceil in place; queued packets stay in the bfifo."""
-    with _borrowed(pool) as p:
+    with borrowed(pool) as p:
         ipr = p.get(netns)
         link = ipr.link("get", ifname=ifname)[0]  # its MTU sizes the bucket, as in shape_egress
         # "change-class" modifies the existing class (htb_change_class) without touching its
@@ -198,15 +198,15 @@ def set_rate(ifname: str, rate_bps: float, netns: str | None = None, *, pool: IP
             link["index"],
             CLASS_HANDLE,
             parent=HTB_HANDLE,
-            **_class_params(rate_bps, link.get("mtu")),
+            **class_params(rate_bps, link.get("mtu")),
         )
 
 
 def egress_stats(ifname: str, netns: str | None = None, *, pool: IPRoutePool | None = None) -> QueueStats:
     """Read the queue counters of a link end shaped by :func:`shape_egress`."""
-    with _borrowed(pool) as p:
+    with borrowed(pool) as p:
         ipr = p.get(netns)
-        index = _link_index(ipr, ifname)
+        index = link_index(ipr, ifname)
         htb_class = _find(ipr.get_classes(index), CLASS_HANDLE, ifname).get_attr("TCA_STATS2")
         fifo = ipr.tc("get", index=index, handle=FIFO_HANDLE, parent=CLASS_HANDLE)[0].get_attr("TCA_STATS2")
     sent = htb_class.get_attr("TCA_STATS_BASIC")
@@ -225,7 +225,7 @@ def egress_stats(ifname: str, netns: str | None = None, *, pool: IPRoutePool | N
 def egress_backlogs(netns: str | None = None, *, pool: IPRoutePool | None = None) -> dict[int, tuple[int, int]]:
     """(bytes, packets) waiting in every shaped egress buffer of a namespace, by interface
     index, from one netlink dump: cheap enough to sample many ports several times a second."""
-    with _borrowed(pool) as p:
+    with borrowed(pool) as p:
         qdiscs = p.get(netns).get_qdiscs()
     out = {}
     for msg in qdiscs:
@@ -236,7 +236,7 @@ def egress_backlogs(netns: str | None = None, *, pool: IPRoutePool | None = None
 
 
 @contextmanager
-def _borrowed(pool: IPRoutePool | None) -> Iterator[IPRoutePool]:
+def borrowed(pool: IPRoutePool | None) -> Iterator[IPRoutePool]:
     """Yield the caller's pool, or a temporary one closed on exit."""
     if pool is not None:
         yield pool
@@ -245,7 +245,7 @@ def _borrowed(pool: IPRoutePool | None) -> Iterator[IPRoutePool]:
         yield own
 
 
-def _class_params(rate_bps: float, mtu: int) -> dict[str, int]:
+def class_params(rate_bps: float, mtu: int) -> dict[str, int]:
     """HTB class keyword arguments for pyroute2's tc(): rate = ceil, bucket per the policy above."""
     rate = max(MIN_RATE_BYTES_PER_S, round(rate_bps / 8))  # bytes/s, as pyroute2 wants ints
     frame = mtu + ETH_HEADER
@@ -263,7 +263,7 @@ def _class_params(rate_bps: float, mtu: int) -> dict[str, int]:
     }
 
 
-def _link_index(ipr: IPRoute, ifname: str) -> int:
+def link_index(ipr: IPRoute, ifname: str) -> int:
     """Interface index of ifname, raising if the namespace has no such link."""
     indices = ipr.link_lookup(ifname=ifname)
     if not indices:
@@ -271,7 +271,7 @@ def _link_index(ipr: IPRoute, ifname: str) -> int:
     return indices[0]
 
 
-def _delete_root_qdisc(ipr: IPRoute, index: int) -> None:
+def delete_root_qdisc(ipr: IPRoute, index: int) -> None:
     """Delete the root qdisc of index, ignoring the errors of 'there is none to delete'."""
     try:
         ipr.tc("del", index=index, parent=0xFFFFFFFF)

@@ -5,9 +5,10 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from fabric_emu.config import ExperimentSpec
+from fabric_emu.config import AllReduceWorkload, ExperimentSpec, IncastWorkload
 from fabric_emu.plan import FabricPlan
-from fabric_emu.units import format_rate
+from fabric_emu.traffic import flows_line_rate_s, workload_flows
+from fabric_emu.units import format_rate, format_size
 
 
 def print_plan(out: Console, plan: FabricPlan, exp: ExperimentSpec | None, ranks: list[str] | None) -> None:
@@ -42,8 +43,11 @@ def print_plan(out: Console, plan: FabricPlan, exp: ExperimentSpec | None, ranks
             t.add_row(a.name, b.name, f"{len(paths)}: " + ", ".join(p[1] for p in paths if len(p) > 2))
     out.print(t)
 
-    if exp is not None and ranks is not None:
-        w = exp.workload
+    if exp is None or ranks is None:
+        return
+    print_ports(out, plan, exp)
+    w = exp.workload
+    if isinstance(w, AllReduceWorkload):
         out.print(f"experiment [bold]{exp.name}[/]: {w.type} {w.algorithm} of {w.size} B x {w.iterations} "
                   f"over {len(ranks)} ranks, {w.qps_per_peer} QP(s) per peer, load balancing {exp.load_balancing}, seed {exp.seed}")
         t = Table("rank", "host", "sends to", "equal-cost paths", title="ring")
@@ -51,3 +55,49 @@ def print_plan(out: Console, plan: FabricPlan, exp: ExperimentSpec | None, ranks
             nxt = ranks[(i + 1) % len(ranks)]
             t.add_row(str(i), r, nxt, str(len(plan.paths(r, nxt))))
         out.print(t)
+        return
+    hosts = [h.name for h in plan.hosts]
+    flows = workload_flows(w, hosts)
+    if isinstance(w, IncastWorkload):
+        what = (f"incast of {format_size(w.size)} x {w.iterations} from {len(flows)} senders to "
+                f"{w.receiver}, {w.qps_per_sender} QP(s) per sender")
+    else:
+        what = f"{len(flows)} flows"
+    out.print(f"experiment [bold]{exp.name}[/]: {what}, {len(ranks)} hosts run an agent, "
+              f"load balancing {exp.load_balancing}, seed {exp.seed}")
+    t = Table("flow", "src", "dst", "bytes", "QPs", "start (fabric)", "start (emulated)",
+              "equal-cost paths", title="flows")
+    for k, f in enumerate(flows):
+        t.add_row(str(k), f.src, f.dst, format_size(f.total_bytes), str(f.qps), f"{f.start_s * 1e6:g} us",
+                  f"{f.start_s * plan.dilation:g} s", str(len(plan.paths(f.src, f.dst))))
+    out.print(t)
+    rate = plan.host_rate_bps(ranks[0])
+    t_line = flows_line_rate_s(flows, rate, plan.dilation)
+    out.print(f"at line rate (busiest host link, payload only, plus the latest start): "
+              f"{t_line / plan.dilation * 1e6:,.0f} us modelled, {t_line:.2f} s emulated")
+
+
+def print_ports(out: Console, plan: FabricPlan, exp: ExperimentSpec) -> None:
+    """The traffic classes and the ECN and PFC thresholds every switch port will get."""
+    from fabric_emu.cc.pfc import pause_seconds
+    from fabric_emu.ports.model import host_settings, settings_of, switch_settings
+
+    ecn, pfc = settings_of(exp)
+    sw = switch_settings(plan, ecn, pfc)
+    nic = host_settings(plan)
+    t = Table("class", "DSCP", "switch egress limit", "host NIC queue", "ECN (switch egress)", "PFC",
+              title="traffic classes (every port: HTB at the link rate, one queue per class)")
+    marks = (f"kmin {format_size(ecn.kmin)}, kmax {format_size(ecn.kmax)}, pmax {ecn.pmax:g}"
+             if ecn.enabled else "off")
+    lossless = (f"xoff {format_size(pfc.xoff)}, xon {format_size(pfc.xon)}, headroom "
+                f"{format_size(pfc.headroom)} per ingress port" if pfc.enabled else "off (lossy)")
+    t.add_row("3 RoCE", "26", "none: admitted per ingress port" if pfc.enabled else format_size(sw.limits[3]),
+              format_size(nic.limits[3]), marks, lossless)
+    t.add_row("6 CNP (strict priority)", "48", format_size(sw.limits[6]), format_size(nic.limits[6]), "", "")
+    t.add_row("0 other", "any other", format_size(sw.limits[0]), format_size(nic.limits[0]), "", "")
+    out.print(t)
+    if pfc.enabled:
+        gbps = max(ln.gbps for ln in plan.links)
+        pause = pause_seconds(pfc.quanta, gbps, plan.dilation)
+        out.print(f"a pause of {pfc.quanta} quanta lasts {pause / plan.dilation * 1e6:.2f} us at {gbps:g} Gb/s"
+                  f" ({pause:.3f} s emulated), refreshed every half of it while a port stays above xon")

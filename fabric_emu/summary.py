@@ -7,16 +7,20 @@ the configuration echoed back. Bandwidths are in Gb/s (bits) so they compare wit
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from fabric_emu.collectives import allreduce_busbw
-from fabric_emu.config import ExperimentSpec
+from fabric_emu.config import AllReduceWorkload, ExperimentSpec
 from fabric_emu.counters import totals
 from fabric_emu.fidelity import loss_note, verdict
-from fabric_emu.plan import FabricPlan
+from fabric_emu.plan import ETH_HEADER, FabricPlan
+from fabric_emu.ports.model import settings_of
+from fabric_emu.ports.report import lossless_warnings, reaction_summary
+from fabric_emu.traffic import Flow, workload_flows
 
 
 def iteration_times(agents: dict[str, dict]) -> list[dict]:
@@ -67,7 +71,11 @@ def ecmp_load(plan: FabricPlan, agents: dict[str, dict]) -> dict | None:
 
 
 def transport_totals(agents: dict[str, dict]) -> dict:
-    """What the receivers counted, against what the senders sent."""
+    """What the receivers counted, against what the senders sent.
+
+    missing_packets are skipped PSNs that never arrived; a late packet filled its gap and is
+    one of out_of_order_packets instead (reordering is not loss).
+    """
     recv = [q for a in agents.values() for q in a.get("recv_qps", [])]
     sent = sum(q["bytes"] for a in agents.values() for q in a.get("send_qps", []))
     received = sum(q["bytes"] for q in recv)
@@ -81,6 +89,74 @@ def transport_totals(agents: dict[str, dict]) -> dict:
     }
 
 
+def goodput_gbps(nbytes: int, seconds: float, dilation: float) -> float:
+    """Payload rate in modelled Gb/s of nbytes delivered in `seconds` of emulated time."""
+    return nbytes * 8 / seconds * dilation / 1e9
+
+
+def jain_index(values: list[float]) -> float | None:
+    """Jain's fairness index (sum x)^2 / (n sum x^2): 1 when all are equal, 1/n when one has all."""
+    squares = sum(x * x for x in values)
+    return sum(values) ** 2 / (len(values) * squares) if squares else None
+
+
+def _span(first: list, last: list) -> tuple[float, float] | None:
+    """(earliest of first, latest of last) when every timestamp is there and time passed."""
+    if not first or not last or None in first or None in last or max(last) <= min(first):
+        return None
+    return min(first), max(last)
+
+
+def flows_metrics(flows: list[Flow], agents: dict[str, dict], dilation: float) -> dict:
+    """Per workload flow (queue pairs carry its index, "flow"): bytes, and from its first packet
+    sent to its last byte received, completion time and goodput. Over all flows: completion
+    time from the earliest send to the last byte delivered, and Jain's fairness of the senders'
+    goodputs (each sender's bytes over its own first send to last delivery)."""
+    rows, spans = [], []
+    for k, f in enumerate(flows):
+        src, dst = agents.get(f.src, {}), agents.get(f.dst, {})
+        sent = [q for q in src.get("send_qps", []) if q.get("flow") == k]
+        recv = [q for q in dst.get("recv_qps", []) if q.get("flow") == k]
+        span = _span([q.get("first_tx") for q in sent], [q.get("last_rx") for q in recv])
+        row = {"flow": k, "src": f.src, "dst": f.dst, "bytes_planned": f.total_bytes,
+               "bytes_sent": sum(q["bytes"] for q in sent),
+               "bytes_received": sum(q["bytes"] for q in recv),
+               "start_s": None, "start_fabric_us": None, "completion_s": None,
+               "completion_fabric_us": None, "goodput_gbps": None}
+        if span:
+            t = span[1] - span[0]
+            if src.get("go"):
+                row.update(start_s=span[0] - src["go"], start_fabric_us=(span[0] - src["go"]) / dilation * 1e6)
+            row.update(completion_s=t, completion_fabric_us=t / dilation * 1e6,
+                       goodput_gbps=goodput_gbps(row["bytes_received"], t, dilation))
+        rows.append(row)
+        spans.append(span)
+    out: dict = {"flows": rows}
+    if not rows or not all(spans):
+        return out
+    start, end = min(sp[0] for sp in spans), max(sp[1] for sp in spans)
+    delivered = sum(r["bytes_received"] for r in rows)
+    out.update({"jct_s": end - start, "jct_fabric_s": (end - start) / dilation,
+                "aggregate_goodput_gbps": goodput_gbps(delivered, end - start, dilation)})
+    senders: dict[str, tuple[int, float, float]] = {}
+    for r, (t0, t1) in zip(rows, spans):
+        b, s0, s1 = senders.get(r["src"], (0, t0, t1))
+        senders[r["src"]] = (b + r["bytes_received"], min(s0, t0), max(s1, t1))
+    rates = {h: goodput_gbps(b, t1 - t0, dilation) for h, (b, t0, t1) in senders.items()}
+    out.update({"sender_goodput_gbps": rates, "jain_fairness": jain_index(list(rates.values())),
+                "goodput_min_gbps": min(rates.values()), "goodput_max_gbps": max(rates.values())})
+    return out
+
+
+def pacing_ratio(pacing: dict, paused_s: float) -> float:
+    """Achieved over configured rate while the NIC was busy and allowed to send: time its RoCE
+    class spent paused by PFC is not the agent's fault."""
+    free_s = pacing["busy_s"] - paused_s
+    if free_s <= 0.1 * pacing["busy_s"]:
+        return 1.0  # paused nearly throughout: nothing left to judge the pacing by
+    return pacing["frame_bytes"] * 8 / free_s / pacing["rate_bps"]
+
+
 def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traffic: dict,
                   state: dict) -> dict:
     w = spec.workload
@@ -89,9 +165,9 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
         "status": state["status"],
         "experiment": spec.name,
         "load_balancing": spec.load_balancing,
-        "workload": f"{w.type}/{w.algorithm}",
+        "workload": f"{w.type}/{w.algorithm}" if isinstance(w, AllReduceWorkload) else w.type,
         "ranks": len(ranks),
-        "size_bytes": w.size,
+        **({"size_bytes": w.size} if w.type != "flows" else {}),
         "dilation": plan.dilation,
         "host_link_gbps": host_gbps,
     }
@@ -99,7 +175,15 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
         summary["error"] = state["error"]
     agents = traffic.get("agents") or {}
     iters = iteration_times(agents) if agents and all(a.get("iterations") for a in agents.values()) else []
-    if iters:
+    if not isinstance(w, AllReduceWorkload):
+        flows = workload_flows(w, [h.name for h in plan.hosts])
+        summary["bytes_planned"] = sum(f.total_bytes for f in flows)
+        if agents:
+            summary.update(flows_metrics(flows, agents, plan.dilation))
+            if w.type == "incast" and "aggregate_goodput_gbps" in summary:
+                # The receiver's link is the bottleneck: how much of it the incast used.
+                summary["receiver_link_fraction"] = summary["aggregate_goodput_gbps"] / host_gbps
+    elif iters:
         jct = iters[-1]["end"] - iters[0]["start"]
         mean_t = jct / len(iters)
         bw = bandwidths(w.size, mean_t, len(ranks), plan.dilation)
@@ -124,24 +208,35 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
         summary["ecmp"] = ecmp
     ports = traffic.get("ports")
     if ports:
-        summary["switch"] = totals(ports)
+        summary["switch"] = totals(ports, plan.dilation)
+    if traffic.get("nics"):
+        summary["nic"] = traffic["nics"]
+    reaction = reaction_summary(traffic.get("pfc_daemon") or {}, plan.dilation)
+    if reaction:
+        summary["pfc_reaction"] = reaction
     unexplained = 0
     if ports and agents:
         # Packets receivers never got that no switch queue or socket counted as dropped.
         unexplained = max(0, summary["transport"]["missing_packets"] - summary["switch"]["drops"])
         summary["transport"]["unexplained_loss_packets"] = unexplained
     missing = summary.get("transport", {}).get("missing_packets", 0)
-    if missing and summary["status"] == "ok":
-        # Receivers close a message whose packets were lost so the schedule goes on; without
-        # RC retransmission (not emulated yet) the collective did not really complete.
+    if missing and summary["status"] in ("ok", "incomplete") and not summary.get("error"):
+        # Receivers close a message whose packets were lost so the schedule goes on (a flow's
+        # receiver waits for its bytes until the timeout); without RC retransmission (not
+        # emulated yet) the workload did not really complete.
         summary["status"] = "incomplete"
         summary["error"] = (f"{missing} packets never arrived and RC retransmission is not emulated "
                             "yet: the times and bandwidths above include damaged messages")
     cpu = traffic.get("cpu") or {}
-    pacing = [a["pacing"]["achieved_bps"] / a["pacing"]["rate_bps"] for a in agents.values()
-              if a.get("pacing", {}).get("achieved_bps")]
+    paused = (traffic.get("nics") or {}).get("paused_s_by_host", {})
+    pacing = [pacing_ratio(a["pacing"], paused.get(h, 0.0)) for h, a in agents.items()
+              if (a.get("pacing") or {}).get("achieved_bps")]
     drops = summary.get("switch", {}).get("drops", 0)
     warnings = verdict(cpu, pacing, unexplained, drops)
+    if ports:
+        ecn, pfc = settings_of(spec)
+        link_Bps = max(ln.emulated_bps for ln in plan.links) / 8
+        warnings += lossless_warnings(ports, asdict(ecn), pfc, reaction, link_Bps, plan.mtu + ETH_HEADER)
     note = loss_note(unexplained, drops)
     summary["fidelity"] = {**cpu, "agent_pacing_ratio_min": min(pacing) if pacing else None,
                            "trusted": not warnings, "warnings": warnings,
@@ -152,33 +247,58 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
 def flow_rows(plan: FabricPlan, agents: dict[str, dict]) -> list[dict]:
     """One row per queue pair, seen from its sender, with what its receiver counted.
 
-    qpn is the sender's QP number, dest_qpn the receiver's (the BTH DestQP on the wire)."""
+    qpn is the sender's QP number, dest_qpn the receiver's (the BTH DestQP on the wire); flow
+    the index of the workload flow it carries (incast and flows). start_s counts from GO;
+    completion_s runs from its first packet sent to its last byte received (emulated), and
+    goodput_gbps is the bytes received over it, in modelled Gb/s."""
     received = {(q["src"], dst, q["qpn"]): q for dst, a in agents.items() for q in a.get("recv_qps", [])}
     rows = []
     for src, a in agents.items():
         for q in a.get("send_qps", []):
             r = received.get((src, q["dst"], q["remote_qpn"]), {})
             first, last = q.get("first_tx"), q.get("last_tx")
+            end = r.get("last_rx")
+            done = end - first if first and end and end > first else None
+            go = a.get("go")
             rows.append({
-                "src": src, "dst": q["dst"], "qpn": q["qpn"], "dest_qpn": q["remote_qpn"],
-                "udp_src": q["udp_src"],
+                "src": src, "dst": q["dst"], "flow": q.get("flow"), "qpn": q["qpn"],
+                "dest_qpn": q["remote_qpn"], "udp_src": q["udp_src"],
                 "bytes": q["bytes"], "packets": q["packets"],
                 "duration_s": (last - first) if first and last else None,
                 "rx_bytes": r.get("bytes"), "rx_missing": r.get("missing"),
                 "rx_out_of_order": r.get("out_of_order"), "rx_ecn_ce": r.get("ecn_ce"),
+                "start_s": first - go if first and go else None,
+                "completion_s": done,
+                "completion_fabric_us": done / plan.dilation * 1e6 if done else None,
+                "goodput_gbps": goodput_gbps(r.get("bytes") or 0, done, plan.dilation) if done else None,
                 "uplink": q.get("uplink", ""),
             })
     return rows
 
 
+MAX_FLOWS_SHOWN = 16  # per-flow rows in the terminal; flows.csv and summary.json have them all
+
+
 def print_summary(out: Console, s: dict, run_dir: Path) -> None:
-    t = Table(title=f"{s['experiment']}: {s['workload']}, {s['ranks']} ranks, {s['load_balancing']}",
+    who = "ranks" if s["workload"].startswith("allreduce") else "hosts"
+    t = Table(title=f"{s['experiment']}: {s['workload']}, {s['ranks']} {who}, {s['load_balancing']}",
               show_header=True)
     t.add_column("metric")
     t.add_column("fabric (modelled)", justify="right")
     t.add_column("emulated", justify="right")
     t.add_row("status", s["status"], "")
-    if "jct_s" in s:
+    if "jct_s" in s and "iteration_time_s" not in s:  # incast, flows
+        d = s["dilation"]
+        t.add_row("completion time", f"{s['jct_fabric_s'] * 1e6:,.0f} us", f"{s['jct_s']:.3f} s")
+        t.add_row("aggregate goodput", f"{s['aggregate_goodput_gbps']:.1f} Gb/s",
+                  f"{s['aggregate_goodput_gbps'] / d * 1e3:.1f} Mb/s")
+        if "receiver_link_fraction" in s:
+            t.add_row("goodput / receiver link", f"{s['receiver_link_fraction']:.3f}", "")
+        t.add_row("sender goodput min / max",
+                  f"{s['goodput_min_gbps']:.1f} / {s['goodput_max_gbps']:.1f} Gb/s",
+                  f"{s['goodput_min_gbps'] / d * 1e3:.1f} / {s['goodput_max_gbps'] / d * 1e3:.1f} Mb/s")
+        t.add_row("Jain fairness (senders)", f"{s['jain_fairness']:.3f}", "")
+    elif "jct_s" in s:
         t.add_row("completion time", f"{s['jct_fabric_s'] * 1e6:,.0f} us", f"{s['jct_s']:.3f} s")
         t.add_row("per iteration", f"{s['iteration_time_fabric_s'] * 1e6:,.0f} us",
                   f"{s['iteration_time_s']:.3f} s")
@@ -192,6 +312,13 @@ def print_summary(out: Console, s: dict, run_dir: Path) -> None:
     if "switch" in s:
         t.add_row("switch tx packets", f"{s['switch']['tx_packets']:,}", "")
         t.add_row("switch drops", f"{s['switch']['drops']:,}", "")
+        sw = s["switch"]
+        if "ecn_marked" in sw:
+            t.add_row("ECN-marked packets", f"{sw['ecn_marked']:,}", "")
+            t.add_row("PFC pause frames sent / received", f"{sw['pause_tx']:,} / {sw['pause_rx']:,}", "")
+            t.add_row("time paused (all ports)", f"{sw['paused_fabric_us']:,.1f} us",
+                      f"{sw['paused_fabric_us'] * s['dilation'] / 1e6:.3f} s")
+            t.add_row("lossless-class drops", f"{sw['lossless_drops']:,}", "")
     if "transport" in s:
         t.add_row("missing / out-of-order pkts",
                   f"{s['transport']['missing_packets']} / {s['transport']['out_of_order_packets']}", "")
@@ -199,8 +326,22 @@ def print_summary(out: Console, s: dict, run_dir: Path) -> None:
     if fid.get("cpu_busy_max") is not None:
         t.add_row("CPU busy (mean / max)", f"{fid['cpu_busy_mean']:.0%} / {fid['cpu_busy_max']:.0%}", "")
     out.print(t)
+    if 0 < len(s.get("flows", [])) <= MAX_FLOWS_SHOWN:
+        out.print(_flows_table(s["flows"]))
     for w in fid.get("warnings", []):
         out.print(f"[yellow]fidelity warning:[/] {w}", soft_wrap=True)
     for n in fid.get("notes", []):
         out.print(f"note: {n}", soft_wrap=True)
     out.print(f"results: {run_dir}", soft_wrap=True)
+
+
+def _flows_table(flows: list[dict]) -> Table:
+    t = Table("flow", "src > dst", "received", "start (us)", "completion (us)", "goodput (Gb/s)",
+              title="flows (modelled fabric time)")
+    for f in flows:
+        def cell(key: str, fmt: str) -> str:
+            return format(f[key], fmt) if f[key] is not None else "-"
+        t.add_row(str(f["flow"]), f"{f['src']} > {f['dst']}",
+                  f"{f['bytes_received']:,} / {f['bytes_planned']:,} B", cell("start_fabric_us", ",.0f"),
+                  cell("completion_fabric_us", ",.0f"), cell("goodput_gbps", ".1f"))
+    return t

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Idempotent set-up for fabric-emu on Debian 12 / Ubuntu 24.04, run as root.
+# Idempotent set-up for fabric-emu on Debian 12 / Ubuntu 24.04, run as root (or via sudo).
 # Installs the system packages, starts Open vSwitch for the userspace datapath and builds
 # the Python virtual environment (.venv) with pinned dependencies. Safe to run repeatedly:
 # each step checks whether it is already done.
@@ -12,8 +12,10 @@ apt_stamp="$stamp_dir/apt.done"
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
+# Root is needed (Mininet, Open vSwitch); re-run through sudo when it exists.
 if [ "$(id -u)" -ne 0 ]; then
-  echo "error: scripts/setup.sh must run as root (Mininet and Open vSwitch need it)" >&2
+  if command -v sudo >/dev/null 2>&1; then exec sudo -- bash "$(readlink -f "${BASH_SOURCE[0]}")" "$@"; fi
+  echo "error: $(basename "$0") must run as root (Mininet and Open vSwitch need it) and sudo is not installed" >&2
   exit 2
 fi
 

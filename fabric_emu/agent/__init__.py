@@ -1,10 +1,17 @@
-"""Host agent: one process per host that plays the RDMA NIC and runs the collective workload.
+"""Host agent: one process per host that plays the RDMA NIC and runs the workload.
 
 Run inside the host's network namespace as `python -m fabric_emu.agent CONFIG.json`;
 the config format is AgentConfig (fabric_emu.agent.config), the process protocol is in
 fabric_emu.agent.main.
 """
 
-from fabric_emu.agent.config import AgentConfig, RankInfo, WorkloadConfig
+from fabric_emu.agent.config import (
+    AgentConfig,
+    FlowConfig,
+    FlowsConfig,
+    RankInfo,
+    RingConfig,
+    WorkloadConfig,
+)
 
-__all__ = ["AgentConfig", "RankInfo", "WorkloadConfig"]
+__all__ = ["AgentConfig", "FlowConfig", "FlowsConfig", "RankInfo", "RingConfig", "WorkloadConfig"]

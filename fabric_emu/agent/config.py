@@ -6,19 +6,37 @@ Example (one file per host, every agent of a run gets the same ranks, workload a
      "ranks": [{"name": "h1", "ip": "10.0.0.1", "index": 0},
                {"name": "h2", "ip": "10.0.0.2", "index": 1}],
      "rank": 0,
-     "workload": {"size": 8000000, "iterations": 2, "qps_per_peer": 1},
+     "workload": {"type": "allreduce", "size": 8000000, "iterations": 2, "qps_per_peer": 1},
      "seed": 1, "stats_path": "/tmp/run/agent-h1.json", "timeout_s": 120.0}
 
 rate_bps is the emulated NIC line rate counted in Ethernet-frame bits (UDP payload + UDP, IPv4
 and Ethernet headers, no FCS); roce_mtu is the data bytes per packet (the IB path MTU).
+
+The workload is the ring all-reduce (type allreduce, the default when type is absent) or a set
+of independent flows (type flows; an incast is flows from every sender to one receiver):
+
+     "workload": {"type": "flows", "flows": [
+        {"src": "h2", "dst": "h1", "size": 1000000, "qps": 1, "iterations": 1, "start_s": 0.0}]}
+
+where start_s is emulated seconds after GO (the spec's modelled start times dilation). ranks
+lists the hosts that run an agent: for flows, every host that sends or receives.
 """
 
 from __future__ import annotations
 
 from ipaddress import IPv4Address
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    model_validator,
+)
 
 IPv4 = Annotated[str, AfterValidator(lambda v: str(IPv4Address(v)))]  # sockets take strings
 
@@ -37,10 +55,45 @@ class RankInfo(_Frozen):
     index: int = Field(ge=0)
 
 
-class WorkloadConfig(_Frozen):
+class RingConfig(_Frozen):
+    """The ring all-reduce: every rank runs the same schedule (fabric_emu.collectives)."""
+
+    type: Literal["allreduce"] = "allreduce"
     size: int = Field(ge=0, description="bytes of the all-reduce buffer (S)")
     iterations: int = Field(ge=1)
     qps_per_peer: int = Field(ge=1)
+
+
+WorkloadConfig = RingConfig  # the ring's config had this name before other workloads existed
+
+
+class FlowConfig(_Frozen):
+    """One flow: size bytes per iteration from src to dst, split evenly over qps queue pairs."""
+
+    src: str
+    dst: str
+    size: int = Field(ge=1, description="bytes per iteration")
+    qps: int = Field(default=1, ge=1)
+    iterations: int = Field(default=1, ge=1)
+    start_s: float = Field(default=0.0, ge=0, description="emulated seconds after GO")
+
+
+class FlowsConfig(_Frozen):
+    """Independent RDMA WRITE flows, the same list for every agent (incast is one of them)."""
+
+    type: Literal["flows"]
+    flows: tuple[FlowConfig, ...] = Field(min_length=1)
+
+
+def _workload_type(v: object) -> str:
+    if isinstance(v, dict):
+        return v.get("type", "allreduce")
+    return getattr(v, "type", "allreduce")
+
+
+AgentWorkload = Annotated[Union[Annotated[RingConfig, Tag("allreduce")],
+                                Annotated[FlowsConfig, Tag("flows")]],
+                          Discriminator(_workload_type)]
 
 
 class AgentConfig(_Frozen):
@@ -50,7 +103,7 @@ class AgentConfig(_Frozen):
     roce_mtu: Literal[256, 512, 1024, 2048, 4096]
     ranks: tuple[RankInfo, ...] = Field(min_length=2)
     rank: int = Field(ge=0)
-    workload: WorkloadConfig
+    workload: AgentWorkload
     seed: int
     stats_path: str
     timeout_s: float = Field(gt=0)
@@ -66,6 +119,14 @@ class AgentConfig(_Frozen):
         me = self.ranks[self.rank]
         if (me.name, me.ip) != (self.host, self.ip):
             raise ValueError(f"rank: ranks.{self.rank} is {me.name}/{me.ip}, not this host {self.host}/{self.ip}")
+        if isinstance(self.workload, FlowsConfig):
+            names = {r.name for r in self.ranks}
+            for i, f in enumerate(self.workload.flows):
+                for end in ("src", "dst"):
+                    if getattr(f, end) not in names:
+                        raise ValueError(f"workload.flows.{i}.{end}: {getattr(f, end)} is not in ranks")
+                if f.src == f.dst:
+                    raise ValueError(f"workload.flows.{i}.dst: same host as src ({f.src})")
         return self
 
     def to_json(self) -> str:

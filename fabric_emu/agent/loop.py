@@ -26,6 +26,10 @@ class Driver(Protocol):
     @property
     def finished(self) -> bool: ...
 
+    @property
+    def wake_at(self) -> float | None:
+        """When the driver must act by the clock alone (a flow's start time), if ever."""
+
     def advance(self, now: float) -> None: ...
 
 
@@ -52,6 +56,9 @@ def run_loop(driver: Driver, nic: Nic, stop: Stopped, deadline: float) -> bool:
             readable = False
             continue
         sleep = IDLE_POLL_S if wake is None else min(wake - now(), IDLE_POLL_S)
+        due = driver.wake_at
+        if due is not None:
+            sleep = min(sleep, due - now())
         readable = nic.wait(min(sleep, deadline - t))
 
 

@@ -15,11 +15,13 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from fabric_emu.agent.config import AgentConfig, ConfigError
-from fabric_emu.agent.loop import IDLE_POLL_S, now, run_loop
+from fabric_emu.agent.config import AgentConfig, ConfigError, FlowsConfig
+from fabric_emu.agent.flows import FlowRunner, own_qps
+from fabric_emu.agent.loop import IDLE_POLL_S, Driver, now, run_loop
 from fabric_emu.agent.nic import Nic
 from fabric_emu.agent.qps import build_qp_table
 from fabric_emu.agent.ring import RingRunner
@@ -48,7 +50,7 @@ class Run:
     cfg: AgentConfig
     udp_before: dict[str, int]
     nic: Nic | None = None
-    runner: RingRunner | None = None
+    runner: RingRunner | FlowRunner | None = None
     go: float | None = None
     cpu_at_go: float | None = None
     finished: bool = False
@@ -87,25 +89,33 @@ def main(argv: list[str]) -> int:
 
 def _execute(run: Run, stop: StopFlag) -> None:
     cfg = run.cfg
-    schedule, run.nic = _build(cfg)
+    make_driver, run.nic = _build(cfg)
     print("READY", flush=True)
     run.go = _wait_for_go(stop, now() + cfg.timeout_s)
     if run.go is None or not _sleep_until(run.go, stop):
         return
-    run.runner = RingRunner(schedule, run.nic)
+    run.runner = make_driver(run.go)
     run.cpu_at_go = time.process_time()
     run.finished = run_loop(run.runner, run.nic, stop, run.go + cfg.timeout_s)
 
 
-def _build(cfg: AgentConfig) -> tuple[RingAllReduce, Nic]:
+def _build(cfg: AgentConfig) -> tuple[Callable[[float], Driver], Nic]:
+    """The NIC with this host's queue pairs, and how to make the workload's driver at GO."""
     names = tuple(r.name for r in cfg.ranks)
+    ip_of = {r.name: r.ip for r in cfg.ranks}
     w = cfg.workload
+    if isinstance(w, FlowsConfig):
+        table = build_qp_table([(f.src, f.dst) for f in w.flows], [f.qps for f in w.flows], cfg.seed)
+        send = [qp for qp in table if qp.src == cfg.host]
+        recv = [qp for qp in table if qp.dst == cfg.host]
+        nic = Nic(cfg.ip, cfg.rate_bps, cfg.roce_mtu, send, recv, ip_of, now())
+        return (lambda go: FlowRunner(w.flows, cfg.host, nic, go)), nic
     schedule = RingAllReduce(names, cfg.rank, w.size, w.qps_per_peer, w.iterations)
     table = build_qp_table(ring_edges(list(names)), w.qps_per_peer, cfg.seed)
     send = [qp for qp in table if qp.src == cfg.host and qp.dst == schedule.right]
     recv = [qp for qp in table if qp.dst == cfg.host and qp.src == schedule.left]
-    ip_of = {r.name: r.ip for r in cfg.ranks}
-    return schedule, Nic(cfg.ip, cfg.rate_bps, cfg.roce_mtu, send, recv, ip_of, now())
+    nic = Nic(cfg.ip, cfg.rate_bps, cfg.roce_mtu, send, recv, ip_of, now())
+    return (lambda _go: RingRunner(schedule, nic)), nic
 
 
 def _wait_for_go(stop: StopFlag, deadline: float) -> float | None:
@@ -133,6 +143,18 @@ def _sleep_until(t: float, stop: StopFlag) -> bool:
 
 def _stats(run: Run) -> dict:
     nic, runner, after = run.nic, run.runner, udp_counters()
+    send_qps = [sq.stats() for sq in nic.send_qps] if nic else []
+    recv_qps = [rq.stats() for rq in nic.recv_qps] if nic else []
+    w = run.cfg.workload
+    if isinstance(w, FlowsConfig):
+        log = {"flows": runner.flow_log if runner else []}
+        send_flow, recv_flow = own_qps(w.flows, run.cfg.host)
+        for qps, flow_of in ((send_qps, send_flow), (recv_qps, recv_flow)):
+            for q, k in zip(qps, flow_of):
+                q["flow"] = k  # the index of the workload flow this QP carries
+    else:
+        log = {"iterations": runner.iteration_log if runner else [],
+               "steps": runner.step_log if runner else []}
     return {
         "status": "ok" if run.finished else "incomplete",
         "error": run.error,
@@ -142,10 +164,9 @@ def _stats(run: Run) -> dict:
         "end": now(),
         # CPU seconds used since GO: tells a starved agent from a saturated one
         "cpu_s": time.process_time() - run.cpu_at_go if run.cpu_at_go is not None else None,
-        "iterations": runner.iteration_log if runner else [],
-        "steps": runner.step_log if runner else [],
-        "send_qps": [sq.stats() for sq in nic.send_qps] if nic else [],
-        "recv_qps": [rq.stats() for rq in nic.recv_qps] if nic else [],
+        **log,
+        "send_qps": send_qps,
+        "recv_qps": recv_qps,
         "pacing": nic.pacing_stats() if nic else None,
         "receive": nic.receive_stats() if nic else None,
         "kernel_udp": {k: after[k] - run.udp_before.get(k, 0) for k in after},

@@ -26,9 +26,13 @@ IP_PMTUDISC_DO = 2
 
 BURST_PACKETS = 2
 MAX_BATCH = 64  # packets per transmit() call, so receiving is never starved
-RETRY_DELAY_S = 100e-6  # after the kernel refused a packet (EAGAIN/ENOBUFS)
+RETRY_DELAY_S = 100e-6  # after the kernel refused a packet (EAGAIN/ENOBUFS) ...
+# ... doubling while it keeps refusing, up to this: a PFC-paused host queue may stay shut for
+# up to a second, and retrying every 100 us would burn the CPU other agents need.
+MAX_RETRY_DELAY_S = 2e-3
+RX_SERIES_INTERVAL_S = 0.05  # emulated seconds between points of a receive QP's rx_series
 RECV_BUFFER_BYTES = 8 << 20
-MAX_TRACKED_GAP = 1 << 16  # larger PSN jumps are counted as missing but not tracked one by one
+MAX_TRACKED_GAP = 1 << 16  # larger PSN jumps count as missing for good, not tracked one by one
 _HALF_PSN_SPACE = 1 << 23
 # The kernel refused the packet for now (full buffer or queue, or an ICMP error reported by
 # IP_RECVERR); the same packet is sent again later.
@@ -119,20 +123,30 @@ class RecvQp:
     Only packets at or ahead of the expected PSN drive the message state, so a late packet
     never reopens a finished message. A FIRST/ONLY while a message is open, or a MIDDLE/LAST
     without one, means packets were lost: the message still completes, marked damaged, so the
-    schedule does not hang on a lost LAST.
+    schedule does not hang on a lost LAST. A skipped PSN that arrives later counts as
+    out-of-order, not missing: `missing` is the skipped PSNs that have not arrived (yet).
+    rx_series holds [time, bytes received before it] at most every RX_SERIES_INTERVAL_S.
     """
 
     def __init__(self, qp: QueuePair):
         self.qp = qp
         self.expected_psn = qp.start_psn
         self.gaps: set[int] = set()  # PSNs skipped and not yet seen
+        self.untracked_missing = 0  # PSNs of gaps too large to track one by one
         self.bytes = self.packets = 0
-        self.out_of_order = self.missing = self.duplicates = self.ecn_ce = 0
+        self.out_of_order = self.duplicates = self.ecn_ce = 0
         self.messages = self.damaged_messages = 0
         self.first_rx: float | None = None
         self.last_rx: float | None = None
+        self.rx_series: list[list[float]] = []
+        self._next_point = 0.0
         self._open = False
         self._damaged = False
+
+    @property
+    def missing(self) -> int:
+        """Skipped PSNs that never arrived (so far)."""
+        return len(self.gaps) + self.untracked_missing
 
     def on_packet(self, opcode: int, psn: int, data_len: int, ce: bool, now: float) -> None:
         ahead = (psn - self.expected_psn) & roce.PSN_MASK
@@ -145,15 +159,19 @@ class RecvQp:
             self._count(data_len, ce, now)
             return
         if ahead:
-            self.missing += ahead
             if ahead <= MAX_TRACKED_GAP:
                 self.gaps.update((self.expected_psn + i) & roce.PSN_MASK for i in range(ahead))
+            else:
+                self.untracked_missing += ahead
             self._damaged = True
         self.expected_psn = (psn + 1) & roce.PSN_MASK
         self._count(data_len, ce, now)
         self._on_opcode(opcode)
 
     def _count(self, data_len: int, ce: bool, now: float) -> None:
+        if now >= self._next_point:
+            self.rx_series.append([now, self.bytes])
+            self._next_point = now + RX_SERIES_INTERVAL_S
         self.bytes += data_len
         self.packets += 1
         self.ecn_ce += ce
@@ -182,8 +200,14 @@ class RecvQp:
                 "udp_src": self.qp.udp_sport, "bytes": self.bytes, "packets": self.packets,
                 "messages": self.messages, "damaged_messages": self.damaged_messages,
                 "out_of_order": self.out_of_order, "missing": self.missing,
-                "lost": len(self.gaps), "duplicates": self.duplicates, "ecn_ce": self.ecn_ce,
-                "first_rx": self.first_rx, "last_rx": self.last_rx}
+                "duplicates": self.duplicates, "ecn_ce": self.ecn_ce,
+                "first_rx": self.first_rx, "last_rx": self.last_rx, "rx_series": self._series()}
+
+    def _series(self) -> list[list[float]]:
+        """rx_series with a final point at the last packet."""
+        if self.last_rx is None or self.rx_series[-1] == [self.last_rx, self.bytes]:
+            return list(self.rx_series)
+        return [*self.rx_series, [self.last_rx, self.bytes]]
 
 
 class Nic:
@@ -207,6 +231,7 @@ class Nic:
         self._rbufs = [self._rbuf]
         self._ancsize = socket.CMSG_SPACE(1)
         # pacing and receive-side counters
+        self.retry_delay_s = RETRY_DELAY_S  # the wait after the next refused packet
         self.eagain_retries = 0
         self.send_errors = 0
         self.max_lateness_s = 0.0
@@ -248,8 +273,9 @@ class Nic:
             ready = self.pacer.ready_at(frame)
             if now < ready:
                 return ready
-            if not self._send(sq, opcode, data_len, udp_payload):
-                return now + RETRY_DELAY_S
+            wait = self._send(sq, opcode, data_len, udp_payload)
+            if wait:
+                return now + wait
             self.pacer.consume(frame, now)
             self.max_lateness_s = max(self.max_lateness_s, now - max(ready, self._eligible_since))
             sq.advance(data_len, frame, now)
@@ -261,7 +287,8 @@ class Nic:
                     self.busy_s += self._busy_end - self._busy_start
         return now
 
-    def _send(self, sq: SendQp, opcode: int, data_len: int, udp_payload: int) -> bool:
+    def _send(self, sq: SendQp, opcode: int, data_len: int, udp_payload: int) -> float:
+        """Hand one packet to the kernel: 0.0 when it took it, else the seconds to wait."""
         last = opcode in (roce.RC_RDMA_WRITE_LAST, roce.RC_RDMA_WRITE_ONLY)
         reth = (0, sq.qp.dst_qpn, sq.messages[0]) if roce.has_reth(opcode) else None
         packet = self._writer.write(sq.prefix_crc(self.ip, udp_payload), opcode, sq.qp.dst_qpn,
@@ -274,12 +301,16 @@ class Nic:
                                    f"{sq.dst_ip}; lower roce_mtu or raise the link MTU") from None
             if e.errno not in _RETRY_ERRNOS:
                 raise
-            if e.errno in (errno.EAGAIN, errno.ENOBUFS):
-                self.eagain_retries += 1
-            else:
+            if e.errno not in (errno.EAGAIN, errno.ENOBUFS):
                 self.send_errors += 1
-            return False
-        return True
+                return RETRY_DELAY_S
+            # The host's queue is full (or paused): back off exponentially while it stays so.
+            self.eagain_retries += 1
+            wait = self.retry_delay_s
+            self.retry_delay_s = min(2 * wait, MAX_RETRY_DELAY_S)
+            return wait
+        self.retry_delay_s = RETRY_DELAY_S
+        return 0.0
 
     def receive(self, now: float) -> None:
         """Drain the receive socket without blocking."""

@@ -7,6 +7,7 @@ every (sender, receiver, q) connection, the initial PSN, and the sender's fixed 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fabric_emu.roce import PSN_MASK, rdma_udp_sport
@@ -20,26 +21,32 @@ _FIRST_QPN = 2  # QP0 and QP1 are the InfiniBand management QPs
 class QueuePair:
     src: str
     dst: str
-    index: int  # 0 .. qps_per_peer-1 within the (src, dst) pair
+    index: int  # 0 .. qps_per_peer-1 within the (src, dst) pair (or flow)
     src_qpn: int  # the requester's QP: CNPs come back to it
     dst_qpn: int  # the responder's QP: the BTH DestQP of every data packet
     start_psn: int
     udp_sport: int
 
 
-def build_qp_table(edges: list[tuple[str, str]], qps_per_peer: int, seed: int) -> list[QueuePair]:
+def build_qp_table(edges: list[tuple[str, str]], qps_per_peer: int | Sequence[int],
+                   seed: int) -> list[QueuePair]:
     """One QueuePair per (edge, q), in edge order; QPNs are unique, source ports unique per host.
 
+    qps_per_peer is one count for every edge, or one count per edge (a workload's flows may
+    each have their own; an edge may repeat, each occurrence gets its own queue pairs).
     A source port is bumped to the next free one when the Linux formula repeats a port already
     used by the same sender: each QP owns a socket bound to its port.
     """
+    counts = [qps_per_peer] * len(edges) if isinstance(qps_per_peer, int) else list(qps_per_peer)
+    if len(counts) != len(edges):
+        raise ValueError(f"{len(counts)} queue pair counts for {len(edges)} edges")
     rng = random.Random(seed)
-    count = len(edges) * qps_per_peer
+    count = sum(counts)
     qpns = rng.sample(range(_FIRST_QPN, PSN_MASK + 1), 2 * count)
     psns = [rng.randrange(PSN_MASK + 1) for _ in range(count)]
     used: dict[str, set[int]] = {}
     table = []
-    for i, ((src, dst), q) in enumerate((e, q) for e in edges for q in range(qps_per_peer)):
+    for i, ((src, dst), q) in enumerate((e, q) for e, n in zip(edges, counts) for q in range(n)):
         src_qpn, dst_qpn = qpns[2 * i], qpns[2 * i + 1]
         taken = used.setdefault(src, set())
         if len(taken) >= _SPORT_COUNT:

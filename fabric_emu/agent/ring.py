@@ -11,6 +11,8 @@ from fabric_emu.collectives import RingAllReduce
 
 
 class RingRunner:
+    wake_at = None  # every step waits for data or for the NIC, never for the clock
+
     def __init__(self, schedule: RingAllReduce, nic: Nic):
         if len(nic.send_qps) != schedule.qps_per_peer or len(nic.recv_qps) != schedule.qps_per_peer:
             raise ValueError("the NIC must have qps_per_peer send and receive QPs")

@@ -23,6 +23,14 @@ def fabric_emu(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
+def run_shipped(tmp_path_factory, name: str, *sets: str) -> tuple[Path, subprocess.CompletedProcess]:
+    """`fabric-emu run experiments/<name>.yaml --set ...` into a fresh folder: (run dir, result)."""
+    out = tmp_path_factory.mktemp("results")
+    args = [a for s in sets for a in ("--set", s)]
+    r = fabric_emu("run", str(REPO / "experiments" / f"{name}.yaml"), "--out", str(out), *args)
+    return only_run_dir(out, name), r
+
+
 def only_run_dir(out: Path, experiment: str) -> Path:
     (run_dir,) = list((out / experiment).iterdir())
     return run_dir

@@ -1,8 +1,9 @@
 """Two flows forced onto one uplink overflow its egress buffer: every lost packet is counted.
 
 One spine, ranks ordered h1 h3 h2 h4: h1->h3 and h2->h4 share leaf1's only uplink, h3->h2 and
-h4->h1 share leaf2's, each at twice its rate. Without retransmission (not built yet) the run may
-end incomplete; what matters is conservation: packets sent = received + dropped by the switches.
+h4->h1 share leaf2's, each at twice its rate. PFC is off, so RoCE is a lossy class. Without
+retransmission (not built yet) the run ends incomplete; what matters is conservation: packets
+sent = received + dropped by the switches.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ name: collide
 topology: {name: ls-1x2x2, kind: leaf-spine, spines: 1, leaves: 2, hosts_per_leaf: 2,
            dilation: 2000, port_buffer: 256KB}
 workload: {type: allreduce, size: 4MB, iterations: 1, ranks: [h1, h3, h2, h4]}
+pfc: {enabled: false}
 timeout: 15s
 """
 
@@ -34,17 +36,20 @@ def test_overflow_drops_are_counted_at_the_egress_queue(tmp_path):
     assert r.returncode == 1 and s["status"] == "incomplete"
     assert 0.3 < s["transport"]["delivered_fraction"] < 0.9
     ports = read_csv(run_dir / "ports.csv")
-    uplink_drops = sum(int(p["queue_drops"]) for p in ports
+    uplink_drops = sum(int(p["drops_p3"]) for p in ports
                        if p["switch"].startswith("leaf") and p["kind"] == "fabric")
     assert uplink_drops > 100, ports  # 2:1 overload for seconds overflows 256 KB
+    assert all(int(p["queue_drops_p3"]) == 0 for p in ports)  # the port program drops first
     assert s["ecmp"]["max_qps_per_uplink"] == 2  # the collision, as the summary reports it
 
     agents = [json.loads(f.read_text()) for f in (run_dir / "agents").glob("*.json")]
     sent = sum(q["packets"] for a in agents for q in a["send_qps"])
     received = sum(q["packets"] for a in agents for q in a["recv_qps"])
     # Nothing vanished uncounted. Not exact: once agents stop at the timeout, late packets draw
-    # ICMP port-unreachables that cross (and may be dropped by) the same queues.
-    assert received + s["switch"]["drops"] == pytest.approx(sent, rel=0.005)
+    # ICMP port-unreachables that cross (and may be dropped by) the same queues; and OVS's send
+    # loop, when the queue refuses a packet in the middle of a batch, offers that packet once
+    # more (a second counted drop) and discards the rest of the batch (uncounted).
+    assert received + s["switch"]["drops"] == pytest.approx(sent, rel=0.01)
     # OVS drops the rest of a send batch when a full queue refuses its first packet: a few.
     assert s["transport"]["unexplained_loss_packets"] <= 0.02 * s["switch"]["drops"] + 2
     assert s["fidelity"]["trusted"]

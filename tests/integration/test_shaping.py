@@ -11,14 +11,14 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TypeVar
 
 import pytest
-from pyroute2 import IPRoute, netns
+from pyroute2 import netns
 
 from fabric_emu import shaping
+from tests.integration.netns_pair import Pair, make_veth, udp_socket, veth_pair
 
 pytestmark = [pytest.mark.root, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 
@@ -30,68 +30,10 @@ WIRE_BYTES = PAYLOAD + 8 + 20 + 14  # what HTB counts: UDP + IPv4 + Ethernet hea
 PORT = 5001
 TX_IP, RX_IP = "10.98.0.1", "10.98.0.2"
 
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Pair:
-    """A veth pair: tx_if in namespace tx_ns, rx_if in rx_ns."""
-
-    tx_ns: str
-    rx_ns: str
-    tx_if: str
-    rx_if: str
-
-
-def run_in_netns(ns: str, fn: Callable[[], T]) -> T:
-    """Run fn in a throwaway thread switched into ns (setns affects only that thread)."""
-    out: list[T] = []
-
-    def target() -> None:
-        netns.setns(ns, flags=0, fork=False)
-        out.append(fn())
-
-    worker = threading.Thread(target=target)
-    worker.start()
-    worker.join()
-    return out[0]
-
-
-def udp_socket(ns: str) -> socket.socket:
-    """A UDP socket living in namespace ns."""
-    return run_in_netns(ns, lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
-
-
-def make_veth(ipr: IPRoute, tx_if: str, rx_if: str, tx_ns: str, rx_ns: str) -> None:
-    """Create a veth pair in ipr's namespace and move each end into its namespace."""
-    ipr.link("add", ifname=tx_if, kind="veth", peer={"ifname": rx_if, "net_ns_fd": rx_ns})
-    ipr.link("set", index=ipr.link_lookup(ifname=tx_if)[0], net_ns_fd=tx_ns)
-
-
-def bring_up(ns: str, ifname: str, address: str | None = None) -> None:
-    """Set ifname in ns up, optionally with an address in 10.98.0.0/24."""
-    with shaping.open_iproute(ns) as ipr:
-        index = ipr.link_lookup(ifname=ifname)[0]
-        if address:
-            ipr.addr("add", index=index, address=address, prefixlen=24)
-        ipr.link("set", index=index, state="up")
-
-
 @pytest.fixture
 def pair() -> Iterator[Pair]:
-    p = Pair(f"{TAG}tx", f"{TAG}rx", f"{TAG}a", f"{TAG}b")
-    netns.create(p.tx_ns)
-    try:
-        netns.create(p.rx_ns)
-        with IPRoute() as ipr:
-            make_veth(ipr, p.tx_if, p.rx_if, p.tx_ns, p.rx_ns)
-        bring_up(p.tx_ns, p.tx_if, TX_IP)
-        bring_up(p.rx_ns, p.rx_if, RX_IP)
+    with veth_pair(TAG, TX_IP, RX_IP) as p:
         yield p
-    finally:
-        for ns in (p.tx_ns, p.rx_ns):
-            if ns in netns.listnetns():
-                netns.remove(ns)  # takes the veth pair with it
 
 
 @dataclass

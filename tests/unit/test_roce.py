@@ -99,3 +99,36 @@ def test_qp_table_is_reproducible_and_unique():
         assert all(0xC000 <= p <= 0xFFFF for p in ports)
     unbumped = [q for q in table if q.udp_sport == roce.rdma_udp_sport(q.src_qpn, q.dst_qpn)]
     assert len(unbumped) >= len(table) - 1
+
+
+@pytest.mark.parametrize("first_len,second_len", [
+    (4096, 333),  # a long packet, then a short last one with 3 pad bytes
+    (332, 333),  # the first ICRC (at 344..347) sits exactly where the second's pad bytes go
+    (331, 333),
+    (333, 4096),  # a short packet's ICRC must not stay behind in a later packet's data
+])
+def test_pad_and_data_bytes_stay_zero_after_other_packets(first_len, second_len):
+    prefix = roce.icrc_prefix(SRC, DST, SPORT, roce.udp_payload_len(roce.RC_RDMA_WRITE_MIDDLE, first_len))
+    writer = roce.PacketWriter(4096)
+    writer.write(prefix, roce.RC_RDMA_WRITE_MIDDLE, 7, 1, first_len)
+    opcode = roce.RC_RDMA_WRITE_LAST
+    prefix = roce.icrc_prefix(SRC, DST, SPORT, roce.udp_payload_len(opcode, second_len))
+    payload = bytes(writer.write(prefix, opcode, 7, 2, second_len))
+    pad = roce.pad_len(second_len)
+    assert payload[roce.BTH_LEN:-roce.ICRC_LEN] == bytes(second_len + pad)  # data and pad: zeros
+    bth = scapy_packet(payload)[BTH]
+    assert bth.padcount == pad
+    assert bth.icrc == int.from_bytes(bth.compute_icrc(None), "big")
+    assert payload == roce.build_packet(SRC, DST, SPORT, opcode, 7, 2, second_len)  # a fresh writer's
+
+
+def test_a_tiny_packet_icrc_does_not_damage_the_next_reth():
+    writer = roce.PacketWriter(4096)
+    last = roce.RC_RDMA_WRITE_LAST  # 5 data bytes + 3 pad: its ICRC sits where a RETH goes
+    writer.write(roce.icrc_prefix(SRC, DST, SPORT, roce.udp_payload_len(last, 5)), last, 7, 1, 5)
+    only = roce.RC_RDMA_WRITE_ONLY
+    reth = (0x1000, 0xABCD, 0)
+    payload = bytes(writer.write(roce.icrc_prefix(SRC, DST, SPORT, roce.udp_payload_len(only, 0)),
+                                 only, 7, 2, 0, reth_fields=reth))
+    assert payload == roce.build_packet(SRC, DST, SPORT, only, 7, 2, 0, reth_fields=reth)
+    assert payload[roce.BTH_LEN:roce.BTH_LEN + roce.RETH_LEN] == roce.reth(*reth)

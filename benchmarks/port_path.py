@@ -1,0 +1,229 @@
+"""CPU cost per forwarded packet of the lossless port path, as a ratio to the foundation's
+plain FIFO, measured alternately in the same run. Needs root.
+
+Two hosts (namespaces) joined through one Open vSwitch bridge (userspace datapath):
+
+  fifo   the foundation's ports: HTB + one byte FIFO per link end (fabric_emu.shaping), one
+         OpenFlow table (in_port -> output);
+  ports  this issue's ports: the class tree with the PFC gate (fabric_emu.ports.queues), the BPF
+         programs on every link end (classes, admission, ECN, accounting), and the controller's
+         tag table (in_port -> set eth_src, goto table 1 -> output).
+
+A paced UDP sender in one host sends RoCE-class frames (DSCP 26, ECT(0), 4 KB) well below the
+link rate, so no queue builds and every packet takes the same path in both modes; CPU is read
+from /proc/stat (whole machine) and from ovs-vswitchd's own counters over the same window.
+
+  .venv/bin/python benchmarks/port_path.py [--rounds 3] [--seconds 4] [--pps 3000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from pyroute2 import IPRoute, netns
+
+from fabric_emu import shaping
+from fabric_emu.ports import datapath, queues
+from fabric_emu.ports.layout import PORT_ECN, PORT_PFC, PORT_SWITCH
+from fabric_emu.ports.model import PortEnd
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' namespace helpers
+from tests.integration.netns_pair import bring_up, run_in_netns  # noqa: E402
+
+TAG = f"fepb{os.getpid() % 10000}"
+BRIDGE = f"{TAG}br"
+RATE, MTU, BUFFER = 400e6, 4200, 1_000_000
+IPS = ("10.95.0.1", "10.95.0.2")
+PAYLOAD = 4000
+TOS = 26 << 2 | 2
+
+
+def sh(*cmd: str) -> str:
+    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+
+
+class Bench:
+    """h1 -- <TAG>s1 [bridge] <TAG>s2 -- h2; every name is this process's own."""
+
+    def __init__(self) -> None:
+        self.hosts = [f"{TAG}h1", f"{TAG}h2"]
+        self.host_if = [f"{TAG}e1", f"{TAG}e2"]
+        self.switch_if = [f"{TAG}s1", f"{TAG}s2"]
+        self.pins: Path | None = None
+        self.maps: datapath.PortMaps | None = None
+
+    def up(self) -> None:
+        sh("ovs-vsctl", "add-br", BRIDGE, "--", "set", "bridge", BRIDGE, "datapath_type=netdev",
+           "protocols=OpenFlow15", "fail_mode=secure")
+        with IPRoute() as ipr:
+            for ns, hif, sif, ip in zip(self.hosts, self.host_if, self.switch_if, IPS):
+                netns.create(ns)
+                ipr.link("add", ifname=sif, kind="veth", peer={"ifname": hif, "net_ns_fd": ns})
+                index = ipr.link_lookup(ifname=sif)[0]
+                ipr.link("set", index=index, mtu=MTU, state="up")
+                with shaping.open_iproute(ns) as hipr:
+                    hipr.link("set", index=hipr.link_lookup(ifname=hif)[0], mtu=MTU)
+                bring_up(ns, hif, ip)
+                sh("ovs-vsctl", "add-port", BRIDGE, sif, "--", "set", "interface", sif,
+                   f"ofport_request={self.switch_if.index(sif) + 1}")
+        for ns, hif, peer_ip in zip(self.hosts, self.host_if, reversed(IPS)):
+            subprocess.run(["ip", "netns", "exec", ns, "ethtool", "-K", hif, "tx", "off"], capture_output=True)
+            mac = sh("ip", "netns", "exec", self.hosts[IPS.index(peer_ip)], "cat",
+                     f"/sys/class/net/{self.host_if[IPS.index(peer_ip)]}/address").strip()
+            sh("ip", "netns", "exec", ns, "ip", "neigh", "add", peer_ip, "lladdr", mac, "dev", hif)
+
+    def down(self) -> None:
+        subprocess.run(["ovs-vsctl", "--if-exists", "del-br", BRIDGE], capture_output=True)
+        for ns in self.hosts:
+            if ns in netns.listnetns():
+                netns.remove(ns)
+        with IPRoute() as ipr:
+            for sif in self.switch_if:
+                if ipr.link_lookup(ifname=sif):
+                    ipr.link("del", ifname=sif)
+        self._unload()
+
+    def _unload(self) -> None:
+        if self.maps is not None:
+            self.maps.close()
+            self.maps = None
+        if self.pins is not None:
+            shutil.rmtree(self.pins, ignore_errors=True)
+            self.pins = None
+
+    def ends(self) -> list[tuple[str, str | None]]:
+        return [(s, None) for s in self.switch_if] + [(h, f"/var/run/netns/{ns}")
+                                                       for h, ns in zip(self.host_if, self.hosts)]
+
+    def configure(self, mode: str) -> None:
+        """Install one mode's queues, programs and flows on the same links."""
+        self._unload()
+        sh("ovs-ofctl", "-O", "OpenFlow15", "del-flows", BRIDGE)
+        with shaping.IPRoutePool() as pool:
+            for ifname, ns in self.ends():
+                ipr = pool.get(ns)
+                index = shaping.link_index(ipr, ifname)
+                shaping.delete_root_qdisc(ipr, index)
+                try:
+                    ipr.tc("del", "clsact", index)
+                except Exception:  # noqa: BLE001 - there was none
+                    pass
+                if mode == "fifo":
+                    shaping.shape_egress(ifname, RATE, BUFFER, MTU, ns, pool=pool)
+                else:
+                    queues.shape_classes(queues.PortQueues(ifname, RATE, MTU, {0: BUFFER, 3: BUFFER, 6: BUFFER}, ns),
+                                         pool=pool)
+        if mode == "fifo":
+            for a, b in ((1, 2), (2, 1)):
+                sh("ovs-ofctl", "-O", "OpenFlow15", "add-flow", BRIDGE, f"in_port={a},actions=output:{b}")
+            return
+        self.pins = datapath.load(f"bench-{TAG}")
+        self.maps = datapath.PortMaps(self.pins)
+        ids = {name: i for i, (name, _) in enumerate(self.ends())}
+        peer = {self.switch_if[0]: self.host_if[0], self.switch_if[1]: self.host_if[1]}
+        peer.update({v: k for k, v in peer.items()})
+        ends = [PortEnd(ids[n], "sw" if ns is None else n, 0, n, ids[peer[n]],
+                        "switch" if ns is None else "host", 100, RATE) for n, ns in self.ends()]
+        for e in ends:
+            if e.role == "switch":
+                datapath.configure(self.maps, e.id, {"flags": PORT_SWITCH | PORT_ECN | PORT_PFC,
+                                                     "limit": [BUFFER] * 8, "kmin": 100_000, "kmax": 400_000,
+                                                     "pmax32": 1 << 30, "xoff": 100_000, "xon": 80_000,
+                                                     "headroom": 47_104})
+        netns_of = {e.node: dict(self.ends())[e.intf] for e in ends}
+        datapath.attach(self.pins, ends, netns_of, self.maps)
+        for a, b in ((1, 2), (2, 1)):
+            tag = f"0e:fe:00:{ids[self.switch_if[a - 1]]:02x}:00:00"
+            sh("ovs-ofctl", "-O", "OpenFlow15", "add-flow", BRIDGE,
+               f"table=0,in_port={a},actions=set_field:{tag}->eth_src,goto_table:1")
+            sh("ovs-ofctl", "-O", "OpenFlow15", "add-flow", BRIDGE, f"table=1,in_port={a},actions=output:{b}")
+
+
+def _cpu() -> tuple[int, int]:
+    parts = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    return sum(parts[:8]) - parts[3] - parts[4], sum(parts[:8])
+
+
+def _ovs_cpu() -> int:
+    pid = int(Path("/var/run/openvswitch/ovs-vswitchd.pid").read_text())
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime, clock ticks
+
+
+def measure(bench: Bench, seconds: float, pps: int) -> dict:
+    """Send for `seconds` at `pps`; CPU per received packet (machine, and OVS alone), in us."""
+    rx = run_in_netns(bench.hosts[1], lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+    rx.bind((IPS[1], 4791))
+    rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+    rx.settimeout(0.5)
+    tx = run_in_netns(bench.hosts[0], lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+    tx.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, TOS)
+    got = [0]
+
+    def receive() -> None:
+        try:
+            while True:
+                rx.recv(65536)
+                got[0] += 1
+        except TimeoutError:
+            pass
+
+    t = threading.Thread(target=receive)
+    t.start()
+    payload = b"r" * PAYLOAD
+    busy0, total0 = _cpu()
+    ovs0 = _ovs_cpu()
+    start = time.monotonic()
+    n = 0
+    while (now := time.monotonic()) < start + seconds:
+        due = int((now - start) * pps)
+        while n < due:
+            tx.sendto(payload, (IPS[1], 4791))
+            n += 1
+        time.sleep(0.0005)
+    busy1, total1 = _cpu()
+    ovs1 = _ovs_cpu()
+    t.join()
+    tx.close()
+    rx.close()
+    tick = 1e6 / os.sysconf("SC_CLK_TCK")
+    return {"sent": n, "received": got[0],
+            "machine_us_per_pkt": (busy1 - busy0) * tick / max(1, got[0]),
+            "ovs_us_per_pkt": (ovs1 - ovs0) * tick / max(1, got[0])}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--pps", type=int, default=3000)
+    args = ap.parse_args()
+    bench = Bench()
+    results: dict[str, list[dict]] = {"fifo": [], "ports": []}
+    try:
+        bench.up()
+        for r in range(args.rounds):
+            for mode in ("fifo", "ports"):
+                bench.configure(mode)
+                m = measure(bench, args.seconds, args.pps)
+                results[mode].append(m)
+                print(f"round {r + 1} {mode:5s}: {m['received']}/{m['sent']} packets, "
+                      f"machine {m['machine_us_per_pkt']:.1f} us/pkt, OVS {m['ovs_us_per_pkt']:.1f} us/pkt")
+    finally:
+        bench.down()
+    for key in ("machine_us_per_pkt", "ovs_us_per_pkt"):
+        fifo = statistics.median(m[key] for m in results["fifo"])
+        ports = statistics.median(m[key] for m in results["ports"])
+        print(f"{key}: fifo {fifo:.1f}, ports {ports:.1f}, ratio ports/fifo = {ports / fifo:.2f}")
+
+
+if __name__ == "__main__":
+    main()

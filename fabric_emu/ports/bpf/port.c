@@ -1,0 +1,339 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * fabric-emu switch and NIC ports: traffic classes, per-packet ECN marking, buffer accounting
+ * and PFC threshold crossings, as tc (clsact, direct-action) programs.
+ *
+ * Three programs share the maps below (loaded once per run, pinned under
+ * /sys/fs/bpf/fabric-emu/<run id>/):
+ *
+ *   switch_egress  every switch port, egress: picks the traffic class (skb->priority selects
+ *                  the HTB class), admits or tail-drops against the class's byte limit (lossless
+ *                  frames: against their ingress port's xoff + headroom), and marks ECT packets
+ *                  CE on the RED profile of the class's depth.
+ *   switch_ingress every switch port, ingress: the frame has left its upstream queue, so the
+ *   host_ingress   bytes are credited back to it (and XON crossings signalled); PFC frames are
+ *                  consumed and reported to the PFC daemon. At a switch port a lossless frame
+ *                  is then charged to the port it enters by, and XOFF crossings signalled.
+ *                  host_ingress (host NICs) does the same without the charge.
+ *   host_egress    host NICs, egress: traffic class only.
+ *
+ * How the far end knows which queue and which ingress port a frame was charged to: the
+ * switch's first OpenFlow table writes the ingress port id into the source MAC
+ * (0e:fe:<in port id>:00:00) and switch_egress adds its own port id
+ * (0e:fe:<in port id>:<out port id>). A real router rewrites the source MAC at every hop
+ * too; we use those bytes to carry the two ids across the wire. Open vSwitch's userspace
+ * datapath keeps no other per-packet metadata between a switch's ingress and egress.
+ *
+ * Everything is accounted in frame bytes as the qdiscs count them (skb->len: Ethernet header
+ * and payload, no FCS), so the accounting can be checked against the qdisc backlog.
+ */
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/pkt_cls.h>
+#include <linux/types.h>
+#include <stddef.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+#define NPRIO 8
+#define MAX_PORTS 4096
+#define NO_PORT 0xffff
+#define PRIO_LOSSLESS 3
+#define PRIO_CNP 6
+#define DSCP_ROCE 26
+#define DSCP_CNP 48
+#define ETH_P_MAC_CONTROL 0x8808
+#define PFC_OPCODE 0x0101
+#define HTB_MAJOR 0x10000
+#define CLASS_MINOR_BASE 0x10 /* class 1:10 + priority */
+#define TAG0 0x0e
+#define TAG1 0xfe
+
+#define PORT_SWITCH 1
+#define PORT_ECN 2
+#define PORT_PFC 4
+
+enum event_type { EV_XOFF = 1, EV_XON = 2, EV_PFC_RX = 3 };
+
+/* One entry per port id. The layout is mirrored in fabric_emu/ports/layout.py (a unit test
+ * compares the two). Userspace writes the config part, the programs the state and counters,
+ * the PFC daemon the last block; readers mmap the whole array. */
+struct port {
+	/* config (userspace) */
+	__u64 flags;
+	__u64 limit[NPRIO];	/* egress byte limit per class (tail drop) */
+	__u64 kmin, kmax, pmax32;	/* ECN profile of the lossless class; pmax * 2^32 */
+	__u64 xoff, xon, headroom;	/* this port as an ingress port, lossless class */
+	/* state (programs) */
+	__u64 queue[NPRIO];	/* bytes admitted to this egress port and not yet at its peer */
+	__u64 held[NPRIO];	/* bytes in the switch that entered through this port */
+	__u64 xoff_state;	/* 1 while this port asks its upstream to pause */
+	/* counters (programs) */
+	__u64 tx_packets[NPRIO];
+	__u64 tx_bytes[NPRIO];
+	__u64 drops[NPRIO];
+	__u64 marked[NPRIO];
+	__u64 max_queue[NPRIO];
+	__u64 max_held[NPRIO];
+	__u64 lossless_drops;
+	__u64 xoff_crossings;
+	__u64 xon_crossings;
+	/* counters (PFC daemon) */
+	__u64 pause_tx[NPRIO];
+	__u64 pause_rx[NPRIO];
+	__u64 paused_ns[NPRIO];
+	__u64 paused_since[NPRIO];
+	__u64 reserved[13];
+};
+_Static_assert(sizeof(struct port) == 1024, "struct port must stay 1024 bytes");
+
+struct event {
+	__u64 time_ns;	/* bpf_ktime_get_ns: CLOCK_MONOTONIC */
+	__u32 type;
+	__u32 port;	/* XOFF/XON: the ingress port; PFC_RX: the port that sent the frame */
+	__u32 quanta;	/* PFC_RX: pause time of the lossless class */
+	__u32 vector;	/* PFC_RX: class-enable vector */
+	__u64 bytes;	/* XOFF/XON: bytes held at the crossing */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, MAX_PORTS);
+	__type(key, __u32);
+	__type(value, struct port);
+} ports SEC(".maps");
+
+/* Switch ports only (they all live in the root namespace, so ifindexes are unique). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_PORTS);
+	__type(key, __u32);
+	__type(value, __u32);
+} port_of_ifindex SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 16);
+} events SEC(".maps");
+
+static __always_inline __u32 prio_of(void *data, void *end, struct iphdr **ipp)
+{
+	struct ethhdr *eth = data;
+	struct iphdr *ip = (void *)(eth + 1);
+
+	*ipp = 0;
+	if ((void *)(ip + 1) > end || eth->h_proto != bpf_htons(ETH_P_IP))
+		return 0;
+	*ipp = ip;
+	switch (ip->tos >> 2) {
+	case DSCP_ROCE:
+		return PRIO_LOSSLESS;
+	case DSCP_CNP:
+		return PRIO_CNP;
+	}
+	return 0;
+}
+
+/* Open vSwitch sends through a packet socket that puts only the Ethernet header in the skb's
+ * linear part (packet_snd: linear = hard_header_len), so direct access would see no IP header
+ * and class everything 0. Pull the headers we read into the linear part first. */
+static __always_inline void pull_headers(struct __sk_buff *skb)
+{
+	__u32 need = sizeof(struct ethhdr) + sizeof(struct iphdr);
+
+	if (skb->data + need > skb->data_end && skb->len >= need)
+		bpf_skb_pull_data(skb, need);
+}
+
+static __always_inline void emit(__u32 type, __u32 port, __u32 quanta, __u32 vector, __u64 bytes)
+{
+	struct event ev = {
+		.time_ns = bpf_ktime_get_ns(), .type = type, .port = port,
+		.quanta = quanta, .vector = vector, .bytes = bytes,
+	};
+	bpf_ringbuf_output(&events, &ev, sizeof(ev), 0);
+}
+
+/* RED as DCQCN deployments use it, on the instantaneous depth: 0 up to kmin, rising linearly
+ * to pmax at kmax, 1 above. */
+static __always_inline int should_mark(struct port *p, __u64 depth)
+{
+	if (depth <= p->kmin)
+		return 0;
+	if (depth > p->kmax)
+		return 1;
+	__u64 threshold = p->pmax32 * (depth - p->kmin) / (p->kmax - p->kmin);
+	return (__u64)bpf_get_prandom_u32() < threshold;
+}
+
+SEC("tc")
+int switch_egress(struct __sk_buff *skb)
+{
+	pull_headers(skb);
+	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip;
+	__u32 ifindex = skb->ifindex, len = skb->len, out_id, in_id = NO_PORT;
+
+	if ((void *)(eth + 1) > end)
+		return TC_ACT_OK;
+	__u32 *idp = bpf_map_lookup_elem(&port_of_ifindex, &ifindex);
+	if (!idp)
+		return TC_ACT_OK;
+	out_id = *idp;
+	struct port *out = bpf_map_lookup_elem(&ports, &out_id);
+	if (!out)
+		return TC_ACT_OK;
+
+	__u32 prio = prio_of(data, end, &ip) & (NPRIO - 1);
+	skb->priority = HTB_MAJOR | (CLASS_MINOR_BASE + prio);
+	if (eth->h_source[0] == TAG0 && eth->h_source[1] == TAG1)
+		in_id = (eth->h_source[2] << 8) | eth->h_source[3];
+	struct port *in = in_id != NO_PORT ? bpf_map_lookup_elem(&ports, &in_id) : 0;
+	if (!in)
+		in_id = NO_PORT;
+
+	int lossless = prio == PRIO_LOSSLESS && (out->flags & PORT_PFC);
+	if (lossless && in) {
+		/* Lossless: admission is per ingress port. Its bytes were charged on arrival
+		 * (switch_ingress); beyond xoff + headroom the pause came too late. The egress queue has
+		 * no limit of its own (SONiC's lossless egress profile, dynamic_th 7 = infinite). */
+		if (in->held[prio] > in->xoff + in->headroom) {
+			__sync_fetch_and_sub(&in->held[prio], len);
+			__sync_fetch_and_add(&out->drops[prio], 1);
+			__sync_fetch_and_add(&out->lossless_drops, 1);
+			return TC_ACT_SHOT;
+		}
+	} else if (!lossless && out->queue[prio] + len > out->limit[prio]) {
+		__sync_fetch_and_add(&out->drops[prio], 1);
+		return TC_ACT_SHOT;
+	}
+
+	__u64 depth = out->queue[prio];	/* the class's depth as this packet arrives */
+	int mark = 0;
+	__u16 old_word = 0, new_word = 0;
+	if (ip && prio == PRIO_LOSSLESS && (out->flags & PORT_ECN)) {
+		__u8 ecn = ip->tos & 3;
+		if ((ecn == 1 || ecn == 2) && should_mark(out, depth)) {
+			mark = 1;
+			old_word = *(__u16 *)ip;	/* version/ihl + tos, as the checksum sees them */
+			__u8 *bytes = (__u8 *)&new_word;
+			bytes[0] = *(__u8 *)ip;
+			bytes[1] = ip->tos | 3;
+		}
+	}
+	__u8 mac[6] = {TAG0, TAG1, in_id >> 8, in_id & 0xff, out_id >> 8, out_id & 0xff};
+
+	__u64 queued = __sync_fetch_and_add(&out->queue[prio], len) + len;
+	if (queued > out->max_queue[prio])
+		out->max_queue[prio] = queued;
+	__sync_fetch_and_add(&out->tx_packets[prio], 1);
+	__sync_fetch_and_add(&out->tx_bytes[prio], len);
+
+	/* Helpers that write the packet invalidate the pointers above: everything is read. */
+	if (mark) {
+		__u8 tos = ((__u8 *)&new_word)[1];
+		bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), old_word, new_word, 2);
+		bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct iphdr, tos), &tos, 1, 0);
+		__sync_fetch_and_add(&out->marked[prio], 1);
+	}
+	bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_source), mac, 6, 0);
+	return TC_ACT_OK;
+}
+
+struct pfc_frame {
+	__be16 opcode;
+	__be16 vector;
+	__be16 time[NPRIO];
+} __attribute__((packed));
+
+/* A frame arrives at a link end: the bytes have left the upstream queue, so they are credited
+ * back to it and to the ingress port they were charged to (XON when that port falls below
+ * xon); PFC frames are consumed here and reported to the daemon. At a switch port, a lossless
+ * frame is then charged to this port as it enters the switch (XOFF above xoff): a switch
+ * accounts its buffer from arrival, so frames still waiting in Open vSwitch's receive queue
+ * already count, as the bytes in a real switch's ingress pipeline do. */
+static __always_inline int ingress(struct __sk_buff *skb, int at_switch)
+{
+	pull_headers(skb);
+	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip;
+	__u32 len = skb->len, ifindex = skb->ifindex;
+
+	if ((void *)(eth + 1) > end)
+		return TC_ACT_OK;
+	__u32 prio = prio_of(data, end, &ip) & (NPRIO - 1);
+	if (eth->h_source[0] == TAG0 && eth->h_source[1] == TAG1) {
+		__u32 in_id = (eth->h_source[2] << 8) | eth->h_source[3];
+		__u32 out_id = (eth->h_source[4] << 8) | eth->h_source[5];
+
+		if (eth->h_proto == bpf_htons(ETH_P_MAC_CONTROL)) {
+			/* A MAC control frame ends at the MAC: report PFC, never deliver. */
+			struct pfc_frame *f = (void *)(eth + 1);
+			if ((void *)(f + 1) <= end && f->opcode == bpf_htons(PFC_OPCODE))
+				emit(EV_PFC_RX, out_id, bpf_ntohs(f->time[PRIO_LOSSLESS]), bpf_ntohs(f->vector), 0);
+			return TC_ACT_SHOT;
+		}
+		struct port *out = bpf_map_lookup_elem(&ports, &out_id);
+		if (out) {
+			__sync_fetch_and_sub(&out->queue[prio], len);
+			struct port *in = in_id != NO_PORT ? bpf_map_lookup_elem(&ports, &in_id) : 0;
+			if (in && prio == PRIO_LOSSLESS && (out->flags & PORT_PFC)) {
+				__u64 held = __sync_fetch_and_sub(&in->held[prio], len) - len;
+				if (held < in->xon && in->xoff_state &&
+				    __sync_val_compare_and_swap(&in->xoff_state, 1, 0) == 1) {
+					__sync_fetch_and_add(&in->xon_crossings, 1);
+					emit(EV_XON, in_id, 0, 0, held);
+				}
+			}
+		}
+	}
+	if (!at_switch || prio != PRIO_LOSSLESS)
+		return TC_ACT_OK;
+	__u32 *idp = bpf_map_lookup_elem(&port_of_ifindex, &ifindex);
+	if (!idp)
+		return TC_ACT_OK;
+	__u32 me_id = *idp;
+	struct port *me = bpf_map_lookup_elem(&ports, &me_id);
+	if (!me || !(me->flags & PORT_PFC))
+		return TC_ACT_OK;
+	__u64 held = __sync_fetch_and_add(&me->held[prio], len) + len;
+	if (held > me->max_held[prio])
+		me->max_held[prio] = held;
+	if (held >= me->xoff && __sync_val_compare_and_swap(&me->xoff_state, 0, 1) == 0) {
+		__sync_fetch_and_add(&me->xoff_crossings, 1);
+		emit(EV_XOFF, me_id, 0, 0, held);
+	}
+	return TC_ACT_OK;
+}
+
+SEC("tc")
+int switch_ingress(struct __sk_buff *skb)
+{
+	return ingress(skb, 1);
+}
+
+/* Host NICs live in their own namespaces, where an ifindex may equal a switch port's. */
+SEC("tc")
+int host_ingress(struct __sk_buff *skb)
+{
+	return ingress(skb, 0);
+}
+
+SEC("tc")
+int host_egress(struct __sk_buff *skb)
+{
+	pull_headers(skb);
+	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
+	struct iphdr *ip;
+
+	if (data + sizeof(struct ethhdr) > end)
+		return TC_ACT_OK;
+	skb->priority = HTB_MAJOR | (CLASS_MINOR_BASE + (prio_of(data, end, &ip) & (NPRIO - 1)));
+	return TC_ACT_OK;
+}
+
+char LICENSE[] SEC("license") = "GPL";

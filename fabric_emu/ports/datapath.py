@@ -1,0 +1,131 @@
+"""Install the port programs of bpf/port.c on a fabric's link ends, and read their counters.
+
+Kernel plumbing only; what each port gets comes from fabric_emu.ports.model. The object is
+compiled once per source version (clang, cached under /var/lib/fabric-emu/bpf/), loaded by
+bpftool with its maps pinned under /sys/fs/bpf/fabric-emu/<run id>/ (the run record lists that
+folder, so cleanup removes it), and attached with pyroute2 (clsact + direct-action filters).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import struct
+from collections.abc import Iterable
+from pathlib import Path
+
+from fabric_emu.ports import bpfsys
+from fabric_emu.ports.layout import NPRIO, PER_PRIO_COUNTERS, PORT_COUNTERS, PortTable
+from fabric_emu.ports.model import PortEnd
+from fabric_emu.shaping import IPRoutePool, link_index
+
+SOURCE = Path(__file__).with_name("bpf") / "port.c"
+CACHE = Path("/var/lib/fabric-emu/bpf")
+BPFFS = Path("/sys/fs/bpf")
+PIN_ROOT = BPFFS / "fabric-emu"
+CLSACT_INGRESS = 0xFFFFFFF2
+CLSACT_EGRESS = 0xFFFFFFF3
+PROGRAMS = ("switch_egress", "switch_ingress", "host_egress", "host_ingress")
+
+
+def build_object() -> Path:
+    """The compiled object for this version of port.c (compiled on first use)."""
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    obj = CACHE / f"port-{digest}.o"
+    if obj.exists():
+        return obj
+    CACHE.mkdir(parents=True, exist_ok=True)
+    tmp = obj.with_suffix(f".{os.getpid()}.tmp")
+    arch_include = f"/usr/include/{os.uname().machine}-linux-gnu"
+    subprocess.run(["clang", "-O2", "-g", "-Wall", "-target", "bpf", "-mcpu=v3",
+                    f"-I{arch_include}", "-c", str(SOURCE), "-o", str(tmp)],
+                   check=True, capture_output=True, text=True)
+    os.replace(tmp, obj)
+    return obj
+
+
+def ensure_bpffs() -> None:
+    """Mount the BPF filesystem if this machine has not (pins live there)."""
+    if not os.path.ismount(BPFFS):
+        subprocess.run(["mount", "-t", "bpf", "bpf", str(BPFFS)], check=True, capture_output=True)
+
+
+def pin_dir(run_id: str) -> Path:
+    return PIN_ROOT / run_id
+
+
+class PortMaps:
+    """The pinned maps of one run, opened by any process (runner, PFC daemon, samplers)."""
+
+    def __init__(self, pins: Path):
+        self.pins = pins
+        self.ports_fd = bpfsys.obj_get(str(pins / "maps" / "ports"))
+        self.ifindex_fd = bpfsys.obj_get(str(pins / "maps" / "port_of_ifindex"))
+        self.events_fd = bpfsys.obj_get(str(pins / "maps" / "events"))
+        self._mem = bpfsys.mmap_array(self.ports_fd)
+        self._words = memoryview(self._mem).cast("Q")
+        self.table = PortTable(self._words)
+
+    def counters(self, port_id: int) -> dict[str, int]:
+        """Every counter of one port: per priority as name_p<k>, per port by name."""
+        t = self.table
+        out = {f"{name}_p{p}": t.get(port_id, name, p) for name in PER_PRIO_COUNTERS for p in range(NPRIO)}
+        out.update({name: t.get(port_id, name) for name in PORT_COUNTERS})
+        return out
+
+    def close(self) -> None:
+        self.table = None  # type: ignore[assignment]
+        self._words.release()
+        self._mem.close()
+        for fd in (self.ports_fd, self.ifindex_fd, self.events_fd):
+            os.close(fd)
+
+
+def load(run_id: str) -> Path:
+    """Load the programs and create the maps, pinned for this run; returns the pin folder."""
+    ensure_bpffs()
+    obj = build_object()
+    pins = pin_dir(run_id)
+    pins.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["bpftool", "prog", "loadall", str(obj), str(pins / "progs"), "type", "classifier",
+                    "pinmaps", str(pins / "maps")], check=True, capture_output=True, text=True)
+    return pins
+
+
+def attach(pins: Path, ends: Iterable[PortEnd], netns_of: dict[str, str | None], maps: PortMaps) -> None:
+    """Attach the programs to every link end: switch ports get switch_egress + switch_ingress
+    and an entry in port_of_ifindex; host NICs get host_egress + host_ingress."""
+    fds = {name: bpfsys.obj_get(str(pins / "progs" / name)) for name in PROGRAMS}
+    try:
+        with IPRoutePool() as pool:
+            for end in ends:
+                ipr = pool.get(netns_of.get(end.node))
+                index = link_index(ipr, end.intf)
+                ipr.tc("add", "clsact", index)
+                role = "switch" if end.role == "switch" else "host"
+                for parent, prog in ((CLSACT_EGRESS, f"{role}_egress"), (CLSACT_INGRESS, f"{role}_ingress")):
+                    ipr.tc("add-filter", "bpf", index, ":1", fd=fds[prog], name=prog,
+                           parent=parent, classid=1, direct_action=True)
+                if end.role == "switch":
+                    bpfsys.map_update(maps.ifindex_fd, struct.pack("=I", index), struct.pack("=I", end.id))
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+def configure(maps: PortMaps, port_id: int, fields: dict[str, int | list[int]]) -> None:
+    """Write a port's config fields (before traffic; the programs read them per packet)."""
+    for name, value in fields.items():
+        if isinstance(value, list):
+            for i, v in enumerate(value):
+                maps.table.set(port_id, name, v, i)
+        else:
+            maps.table.set(port_id, name, value)
+
+
+def installed(maps: PortMaps, port_id: int) -> dict[str, int | list[int]]:
+    """The config fields as the programs see them (read back from the map)."""
+    t = maps.table
+    return {"flags": t.get(port_id, "flags"), "limit": [t.get(port_id, "limit", p) for p in range(NPRIO)],
+            **{k: t.get(port_id, k) for k in ("kmin", "kmax", "pmax32", "xoff", "xon", "headroom")}}

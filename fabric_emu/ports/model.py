@@ -1,0 +1,165 @@
+"""Which ports a fabric has and what each is configured with: ids, peers, class limits, ECN and
+PFC thresholds. Pure (no root): the datapath installs it, `show` prints it, and the results
+record it as installed.
+
+Buffer model (static thresholds, documented in README "Lossless ports"):
+* lossy classes (priority 0, CNPs in 6, and RoCE in 3 when PFC is off): each egress queue holds at
+  most `port_buffer` bytes, tail drop beyond;
+* the lossless class (priority 3 with PFC on) is admitted per INGRESS port: each switch port may
+  hold up to xoff + headroom bytes of priority 3 in its switch, whatever egress queue they wait
+  in, and the egress queue has no limit of its own (SONiC's lossless egress profile has
+  dynamic_th 7, i.e. infinite). Above xoff the port pauses its upstream; above xoff + headroom
+  the switch drops, and that is counted as a lossless drop: a bug or a headroom too small.
+* a host NIC's queues hold what its driver has accepted: NIC_QUEUE_FRAMES frames of RoCE, which
+  is what the agent can push before a paused NIC refuses more (ENOBUFS, retried later).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from fabric_emu.cc.red import pmax_scaled
+from fabric_emu.plan import ETH_HEADER, FabricPlan
+from fabric_emu.ports.layout import MAX_PORTS, NO_PORT
+
+NIC_QUEUE_FRAMES = 16
+SLACK_FRAMES = 4  # kernel FIFOs above the BPF limit: the BPF program always drops first
+
+
+@dataclass(frozen=True)
+class PortEnd:
+    """One end of a link. Switch ports and host NICs share one id space (the BPF map index)."""
+
+    id: int
+    node: str
+    port: int
+    intf: str
+    peer_id: int
+    role: str  # "switch" | "host"
+    gbps: float  # modelled rate
+    emulated_bps: float
+
+
+@dataclass(frozen=True)
+class EcnSettings:
+    enabled: bool
+    kmin: int
+    kmax: int
+    pmax: float
+
+
+@dataclass(frozen=True)
+class PfcSettings:
+    enabled: bool
+    xoff: int
+    xon: int
+    headroom: int
+    quanta: int
+
+
+@dataclass(frozen=True)
+class PortSettings:
+    """What one port gets: BPF admission limits, kernel FIFO backstops, ECN and PFC."""
+
+    limits: dict[int, int]  # priority -> egress bytes (BPF tail drop; lossless with PFC: none)
+    fifo_limits: dict[int, int]  # priority -> kernel FIFO bytes
+    ecn: EcnSettings | None  # switch ports only
+    pfc: PfcSettings | None  # switch ports only (as ingress ports)
+
+    def row(self) -> dict:
+        """Flat, for thresholds.csv and `show`."""
+        out = {f"limit_p{p}": v for p, v in sorted(self.limits.items())}
+        if self.ecn:
+            out.update({f"ecn_{k}": v for k, v in asdict(self.ecn).items()})
+        if self.pfc:
+            out.update({f"pfc_{k}": v for k, v in asdict(self.pfc).items()})
+        return out
+
+
+def port_ends(plan: FabricPlan) -> list[PortEnd]:
+    """Every link end, switch ports first (plan order), then host NICs; ids from 0."""
+    ends: list[tuple[str, int, str, str, int, float, float]] = []
+    for ln in plan.links:
+        ends.append((ln.a, ln.a_port, ln.a_intf, ln.b_intf, ln.b_port, ln.gbps, ln.emulated_bps))
+        ends.append((ln.b, ln.b_port, ln.b_intf, ln.a_intf, ln.a_port, ln.gbps, ln.emulated_bps))
+    switches = set(plan.switch_by_name)
+    ends.sort(key=lambda e: (e[0] not in switches, e[2]))
+    if len(ends) >= min(MAX_PORTS, NO_PORT):
+        raise ValueError(f"{len(ends)} link ends; the port map holds {MAX_PORTS - 1}")
+    id_of = {e[2]: i for i, e in enumerate(ends)}
+    return [PortEnd(id_of[intf], node, port, intf, id_of[peer], "switch" if node in switches else "host",
+                    gbps, bps)
+            for node, port, intf, peer, _, gbps, bps in ends]
+
+
+def switch_settings(plan: FabricPlan, ecn: EcnSettings, pfc: PfcSettings) -> PortSettings:
+    """The settings of every switch port (they are all alike in a leaf-spine fabric)."""
+    buf, frame = plan.port_buffer, plan.mtu + ETH_HEADER
+    slack = SLACK_FRAMES * frame
+    max_ports = max(len(plan.ports(s.name)) for s in plan.switches)
+    lossless_fifo = (max_ports * (pfc.xoff + pfc.headroom) if pfc.enabled else buf) + slack
+    return PortSettings(
+        limits={0: buf, 3: buf, 6: buf},
+        fifo_limits={0: buf + slack, 3: lossless_fifo, 6: buf + slack},
+        ecn=ecn, pfc=pfc)
+
+
+def host_settings(plan: FabricPlan) -> PortSettings:
+    frame = plan.mtu + ETH_HEADER
+    nic = NIC_QUEUE_FRAMES * frame
+    return PortSettings(limits={0: plan.port_buffer, 3: nic, 6: nic},
+                        fifo_limits={0: plan.port_buffer, 3: nic, 6: nic}, ecn=None, pfc=None)
+
+
+def bpf_config(settings: PortSettings) -> dict[str, int | list[int]]:
+    """The config fields of `struct port` (layout.FIELDS) for a switch port."""
+    from fabric_emu.ports.layout import NPRIO, PORT_ECN, PORT_PFC, PORT_SWITCH
+
+    limits = [settings.limits.get(p, settings.limits[0]) for p in range(NPRIO)]
+    ecn, pfc = settings.ecn, settings.pfc
+    flags = PORT_SWITCH | (PORT_ECN if ecn and ecn.enabled else 0) | (PORT_PFC if pfc and pfc.enabled else 0)
+    return {
+        "flags": flags, "limit": limits,
+        "kmin": ecn.kmin if ecn else 0, "kmax": ecn.kmax if ecn else 1,
+        "pmax32": pmax_scaled(ecn.pmax) if ecn else 0,
+        "xoff": pfc.xoff if pfc else 0, "xon": pfc.xon if pfc else 0,
+        "headroom": pfc.headroom if pfc else 0,
+    }
+
+
+@dataclass(frozen=True)
+class PortPlan:
+    """Every link end of a fabric and what it gets: the input of the port datapath."""
+
+    ends: list[PortEnd]
+    switch: PortSettings
+    host: PortSettings
+    dilation: float
+    mtu: int
+
+    def settings(self, end: PortEnd) -> PortSettings:
+        return self.switch if end.role == "switch" else self.host
+
+
+def port_plan(plan: FabricPlan, ecn: EcnSettings, pfc: PfcSettings) -> PortPlan:
+    return PortPlan(port_ends(plan), switch_settings(plan, ecn, pfc), host_settings(plan),
+                    plan.dilation, plan.mtu)
+
+
+def default_settings(plan: FabricPlan) -> tuple[EcnSettings, PfcSettings]:
+    """The spec's defaults for this plan, for callers without an experiment (benchmarks, tests)."""
+    from fabric_emu.cc.headroom import headroom_bytes
+    from fabric_emu.config import EcnSpec, PfcSpec, resolve_thresholds
+
+    e, p = EcnSpec(), PfcSpec()
+    need = headroom_bytes(plan.mtu + ETH_HEADER, max(ln.gbps for ln in plan.links), p.cable_length)
+    kmin, kmax, headroom, xoff, xon = resolve_thresholds(e, p, plan.port_buffer, need)
+    return (EcnSettings(e.enabled, kmin, kmax, e.pmax),
+            PfcSettings(p.enabled, max(1, xoff), xon, headroom, p.quanta))
+
+
+def settings_of(spec) -> tuple[EcnSettings, PfcSettings]:
+    """An ExperimentSpec's ECN and PFC settings (its headroom is filled in by validation)."""
+    e, p = spec.ecn, spec.pfc
+    return (EcnSettings(e.enabled, e.kmin, e.kmax, e.pmax),
+            PfcSettings(p.enabled, p.xoff, p.xon, p.headroom, p.quanta))

@@ -1,0 +1,272 @@
+"""The PFC daemon of a run: `python -m fabric_emu.ports.pfcd CONFIG.json`.
+
+The BPF programs account bytes and spot threshold crossings per packet; this process turns
+them into frames and gates, with the pure state machines of fabric_emu.cc.pfc:
+
+* XOFF on a switch's ingress port -> a real PFC frame (0x8808, opcode 0x0101, class 3, the
+  configured quanta) out of that port, refreshed every half pause while it stays asserted;
+  XON -> a PFC frame with quanta 0. Frames bypass the port's qdisc, as a MAC sends them.
+* A PFC frame arriving at a port (seen by that port's ingress program) -> close the port's
+  lossless gate (its TBF, see fabric_emu.ports.queues) for quanta x 512 bit times at the
+  modelled rate x dilation, reopen it on expiry or on quanta 0.
+
+It writes the pause frames sent and received and the paused time into the ports map (the
+fields after "counters (PFC daemon)" in bpf/port.c), so any reader sees them live, and at exit a
+JSON file with every pause interval and the reaction time of every pause (threshold crossing in
+the kernel to the upstream gate closed).
+
+Protocol: prints READY once its sockets are open; SIGTERM or SIGINT ends it (exit 0).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pyroute2 import netns as pr_netns
+
+from fabric_emu.cc.pfc import PauseReceiver, PauseSender, REFRESH_FRACTION, pause_seconds, pfc_frame
+from fabric_emu.ports import bpfsys, queues
+from fabric_emu.ports.datapath import PortMaps
+from fabric_emu.ports.layout import EV_PFC_RX, EV_XOFF, EV_XON, NO_PORT, Event
+
+SOL_PACKET = 263
+PACKET_QDISC_BYPASS = 20
+LOSSLESS = queues.LOSSLESS
+IDLE_POLL_S = 0.2
+REALTIME_PRIORITY = 10  # SCHED_FIFO; the loop only ever blocks in epoll, so it cannot hog a core
+# Sent through a port's qdisc right after its gate opens: a TBF that was closed is not
+# rescheduled by `tc change`, so without a new enqueue the class would sit idle until some
+# unrelated timer fired (~180 ms measured). A MAC control frame with the reserved opcode 0 is
+# consumed by the peer's MAC (its ingress program) and never delivered.
+KICK_OPCODE = b"\x00\x00"
+
+
+@dataclass(frozen=True)
+class DaemonPort:
+    id: int
+    node: str
+    intf: str
+    peer_id: int
+    role: str
+    gbps: float
+    emulated_bps: float
+    mtu: int
+    lossless_fifo: int
+    netns: str | None
+    pfc: bool  # sends PFC as an ingress port (switch ports when PFC is on)
+
+
+@dataclass
+class Config:
+    pins: str
+    dilation: float
+    quanta: int
+    stats_path: str
+    ports: list[DaemonPort] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, path: str) -> "Config":
+        raw = json.loads(Path(path).read_text())
+        raw["ports"] = [DaemonPort(**p) for p in raw["ports"]]
+        return cls(**raw)
+
+    def dump(self) -> str:
+        from dataclasses import asdict
+        return json.dumps(asdict(self), indent=1)
+
+
+def tag_mac(port_id: int) -> bytes:
+    """The source MAC of frames a port sends itself (0e:fe:ff:ff:<port id>)."""
+    return bytes([0x0E, 0xFE, 0xFF, 0xFF, port_id >> 8, port_id & 0xFF])
+
+
+def _socket_in(netns: str | None, bypass: bool) -> socket.socket:
+    """An AF_PACKET socket created inside netns (the fd keeps working from any thread)."""
+    made: list[socket.socket | BaseException] = []
+
+    def create() -> None:
+        try:
+            if netns is not None:
+                pr_netns.setns(netns, flags=0, fork=False)
+            s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+            if bypass:
+                s.setsockopt(SOL_PACKET, PACKET_QDISC_BYPASS, 1)
+            made.append(s)
+        except BaseException as e:  # re-raised below
+            made.append(e)
+
+    worker = threading.Thread(target=create)
+    worker.start()
+    worker.join()
+    if isinstance(made[0], BaseException):
+        raise made[0]
+    return made[0]
+
+
+class Stop(Exception):
+    pass
+
+
+class Daemon:
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.maps = PortMaps(Path(cfg.pins))
+        self.ring = bpfsys.RingBuffer(self.maps.events_fd)
+        self.ports = {p.id: p for p in cfg.ports}
+        self.senders = {p.id: PauseSender(cfg.quanta, REFRESH_FRACTION * self._pause_s(p, cfg.quanta))
+                        for p in cfg.ports if p.pfc}
+        self.receivers = {p.id: PauseReceiver() for p in cfg.ports}
+        self.gates = {p.id: queues.Gate(p.intf, p.emulated_bps, p.mtu, p.lossless_fifo, p.netns)
+                      for p in cfg.ports}
+        self.tx = {p.id: _socket_in(p.netns, bypass=True) for p in cfg.ports if p.pfc}
+        self.kick = {p.id: _socket_in(p.netns, bypass=False) for p in cfg.ports}
+        self.crossed_at: dict[int, int] = {}  # ingress port -> ns of its unanswered XOFF
+        self.intervals: dict[str, list[list[float]]] = {}
+        self.reactions_s: list[float] = []
+        self.frames_sent = self.frames_received = self.events = 0
+        self.errors: list[str] = []
+
+    def _pause_s(self, port: DaemonPort, quanta: int) -> float:
+        return pause_seconds(quanta, port.gbps, self.cfg.dilation)
+
+    # ------------------------------------------------------------------ loop
+    def run(self, stop: threading.Event) -> None:
+        poller = select.epoll()
+        poller.register(self.ring.fd, select.EPOLLIN)
+        while not stop.is_set():
+            self._drain(time.monotonic())
+            deadline = self._timers(time.monotonic())
+            timeout = IDLE_POLL_S if deadline is None else max(0.0, min(IDLE_POLL_S, deadline - time.monotonic()))
+            poller.poll(timeout)
+        poller.close()
+
+    def _drain(self, now: float) -> None:
+        for raw in self.ring.records():
+            self.events += 1
+            ev = Event.unpack(raw)
+            try:
+                self._handle(ev, now)
+            except OSError as e:  # a port vanishing during teardown, say
+                self.errors.append(f"event {ev}: {e}")
+
+    def _handle(self, ev: Event, now: float) -> None:
+        if ev.type == EV_XOFF and ev.port in self.senders:
+            self.crossed_at.setdefault(ev.port, ev.time_ns)
+            self._send(ev.port, self.senders[ev.port].on_xoff(now))
+        elif ev.type == EV_XON and ev.port in self.senders:
+            self._send(ev.port, self.senders[ev.port].on_xon(now))
+        elif ev.type == EV_PFC_RX and ev.port in self.ports and ev.vector & (1 << LOSSLESS):
+            receiver = self.ports[ev.port].peer_id
+            if receiver == NO_PORT or receiver not in self.ports:
+                return
+            self.frames_received += 1
+            self.maps.table.add(receiver, "pause_rx", 1, LOSSLESS)
+            action = self.receivers[receiver].on_frame(now, self._pause_s(self.ports[receiver], ev.quanta))
+            self._gate(receiver, action, sender=ev.port)
+
+    def _timers(self, now: float) -> float | None:
+        deadlines = []
+        for port_id, s in self.senders.items():
+            self._send(port_id, s.on_timer(now))
+            if s.next_refresh is not None:
+                deadlines.append(s.next_refresh)
+        for port_id, r in self.receivers.items():
+            self._gate(port_id, r.on_timer(now))
+            if r.paused_until is not None:
+                deadlines.append(r.paused_until)
+        return min(deadlines, default=None)
+
+    # ------------------------------------------------------------------ actions
+    def _send(self, port_id: int, quanta_list: list[int]) -> None:
+        port = self.ports[port_id]
+        for quanta in quanta_list:
+            self.tx[port_id].sendto(pfc_frame(tag_mac(port_id), quanta, LOSSLESS), (port.intf, 0))
+            self.frames_sent += 1
+            self.maps.table.add(port_id, "pause_tx", 1, LOSSLESS)
+            if quanta == 0:
+                self.crossed_at.pop(port_id, None)
+
+    def _gate(self, port_id: int, action: str | None, sender: int | None = None) -> None:
+        if action is None:
+            return
+        port, table = self.ports[port_id], self.maps.table
+        self.gates[port_id].set(action == "open")
+        now_ns = time.monotonic_ns()
+        if action == "close":
+            table.set(port_id, "paused_since", now_ns, LOSSLESS)
+            self.intervals.setdefault(port.intf, []).append([now_ns / 1e9, None])
+            crossed = self.crossed_at.get(sender) if sender is not None else None
+            if crossed is not None:
+                self.reactions_s.append((now_ns - crossed) / 1e9)
+                del self.crossed_at[sender]
+        else:
+            self._kick(port)
+            since = table.get(port_id, "paused_since", LOSSLESS)
+            if since:
+                table.add(port_id, "paused_ns", now_ns - since, LOSSLESS)
+                table.set(port_id, "paused_since", 0, LOSSLESS)
+            self.intervals[port.intf][-1][1] = now_ns / 1e9
+
+    def _kick(self, port: DaemonPort) -> None:
+        frame = bytes.fromhex("0180c2000001") + tag_mac(port.id) + b"\x88\x08" + KICK_OPCODE
+        self.kick[port.id].sendto(frame.ljust(60, b"\0"), (port.intf, 0))
+
+    # ------------------------------------------------------------------ end
+    def close(self) -> dict:
+        now_ns = time.monotonic_ns()
+        for port_id, port in self.ports.items():  # close the books on pauses still running
+            since = self.maps.table.get(port_id, "paused_since", LOSSLESS)
+            if since:
+                self.maps.table.add(port_id, "paused_ns", now_ns - since, LOSSLESS)
+                self.maps.table.set(port_id, "paused_since", 0, LOSSLESS)
+                self.intervals[port.intf][-1][1] = now_ns / 1e9
+        for s in (*self.tx.values(), *self.kick.values()):
+            s.close()
+        for gate in self.gates.values():
+            gate.close()
+        self.ring.close()
+        self.maps.close()
+        return {"intervals": self.intervals, "reaction_s": self.reactions_s,
+                "frames_sent": self.frames_sent, "frames_received": self.frames_received,
+                "events": self.events, "errors": self.errors[:20]}
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m fabric_emu.ports.pfcd CONFIG.json", file=sys.stderr)
+        return 2
+    cfg = Config.load(argv[0])
+    try:  # a pause must not wait behind the agents and OVS for a CPU: that delay costs headroom
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(REALTIME_PRIORITY))
+    except (PermissionError, OSError) as e:
+        print(f"warning: no real-time priority ({e}); pauses may take effect late", file=sys.stderr)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    daemon = Daemon(cfg)
+    print("READY", flush=True)
+    try:
+        daemon.run(stop)
+    finally:
+        stats = daemon.close()
+        write_atomic(Path(cfg.stats_path), json.dumps(stats))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,110 @@
+"""The lossless ports of one running fabric: BPF programs, maps and the PFC daemon, up and down.
+
+Order (RoutedFabric.up): the class trees exist (Fabric.start), then load + attach + configure,
+then the daemon; down: the daemon first (it writes its pause log), then the interfaces go with
+the fabric and the pinned maps with the run record's paths.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from fabric_emu.ports import datapath
+from fabric_emu.ports.model import PortPlan, bpf_config
+from fabric_emu.ports.pfcd import Config, DaemonPort
+from fabric_emu.records import RunRecord
+
+READY_TIMEOUT_S = 20.0
+
+
+class LosslessPorts:
+    def __init__(self, ports: PortPlan, record: RunRecord, workdir: Path):
+        self.ports = ports
+        self.record = record
+        self.workdir = workdir
+        self.pins = datapath.pin_dir(record.run_id)
+        self.maps: datapath.PortMaps | None = None
+        self.daemon: subprocess.Popen | None = None
+        self.stats_path = workdir / "pfcd-stats.json"
+
+    def start(self, netns_of: dict[str, str | None]) -> None:
+        """Install the programs on every link end and start the PFC daemon."""
+        self.record.paths.append(str(self.pins))  # before anything is pinned: kill -9 safe
+        self.record.save()
+        datapath.load(self.record.run_id)
+        self.maps = datapath.PortMaps(self.pins)
+        for end in self.ports.ends:
+            if end.role == "switch":
+                datapath.configure(self.maps, end.id, bpf_config(self.ports.switch))
+        datapath.attach(self.pins, self.ports.ends, netns_of, self.maps)
+        self._start_daemon(netns_of)
+
+    def _start_daemon(self, netns_of: dict[str, str | None]) -> None:
+        pfc = self.ports.switch.pfc
+        cfg = Config(pins=str(self.pins), dilation=self.ports.dilation,
+                     quanta=pfc.quanta if pfc else 0xFFFF, stats_path=str(self.stats_path), ports=[
+                         DaemonPort(e.id, e.node, e.intf, e.peer_id, e.role, e.gbps, e.emulated_bps,
+                                    self.ports.mtu, self.ports.settings(e).fifo_limits[3],
+                                    netns_of.get(e.node), e.role == "switch" and bool(pfc and pfc.enabled))
+                         for e in self.ports.ends])
+        path = self.workdir / "pfcd.config.json"
+        path.write_text(cfg.dump())
+        log = open(self.workdir / "pfcd.log", "w")
+        self.daemon = subprocess.Popen([sys.executable, "-m", "fabric_emu.ports.pfcd", str(path)],
+                                       stdout=subprocess.PIPE, stderr=log, text=True,
+                                       start_new_session=True)  # Ctrl-C reaches the runner only
+        log.close()
+        self.record.add_process(self.daemon.pid, "pfc-daemon")
+        ready, _, _ = select.select([self.daemon.stdout], [], [], READY_TIMEOUT_S)
+        if not ready or self.daemon.stdout.readline().strip() != "READY":
+            raise RuntimeError("the PFC daemon did not start (see logs/pfcd.log)")
+
+    def stop(self) -> dict:
+        """Stop the daemon; returns what it logged (pause intervals, reaction times)."""
+        stats: dict = {}
+        if self.daemon is not None and self.daemon.poll() is None:
+            self.daemon.send_signal(signal.SIGTERM)
+            try:
+                self.daemon.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.daemon.kill()
+                self.daemon.wait()
+        if self.stats_path.exists():
+            stats = json.loads(self.stats_path.read_text())
+        if self.maps is not None:
+            self.maps.close()
+            self.maps = None
+        return stats
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        """Every port's BPF and daemon counters, by interface name."""
+        assert self.maps is not None
+        return {e.intf: self.maps.counters(e.id) for e in self.ports.ends}
+
+    def installed(self) -> list[dict]:
+        """The thresholds each switch port runs with, read back from the map."""
+        assert self.maps is not None
+        rows = []
+        for e in self.ports.ends:
+            if e.role != "switch":
+                continue
+            got = datapath.installed(self.maps, e.id)
+            rows.append({"switch": e.node, "port": e.port, "intf": e.intf,
+                         **{f"limit_p{p}": got["limit"][p] for p in (0, 3, 6)},
+                         "ecn": bool(got["flags"] & 2), "kmin": got["kmin"], "kmax": got["kmax"],
+                         "pmax": round(got["pmax32"] / 2**32, 6),
+                         "pfc": bool(got["flags"] & 4), "xoff": got["xoff"], "xon": got["xon"],
+                         "headroom": got["headroom"]})
+        return rows
+
+    def paused_now(self) -> dict[str, bool]:
+        """Whether each port's lossless class is paused at this instant (for samplers)."""
+        assert self.maps is not None
+        t = self.maps.table
+        return {e.intf: bool(t.get(e.id, "paused_since", 3)) for e in self.ports.ends}
+

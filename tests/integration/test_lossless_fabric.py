@@ -1,0 +1,125 @@
+"""Lossless RoCE through `fabric-emu run`, judged on switch counters, captures and receivers.
+
+incast.yaml: 7 senders onto h1 over 2 leaves with a 500 KB port buffer, PFC and ECN at their
+defaults. incast-lossy.yaml: the same with PFC off. victim-flow.yaml: a flow to an idle host
+that shares a link with an incast.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.integration.fabric_checks import read_csv, read_json, run_shipped
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+# leaf1's ports towards the spines (leaf1-eth5/6) send pauses to spine1-eth1/spine2-eth1: capture
+# what spine1-eth1 receives.
+CAPTURE = "capture={ports: [spine1-eth1], packets: 10}"
+
+
+@pytest.fixture(scope="module")
+def incast(tmp_path_factory):
+    return run_shipped(tmp_path_factory, "incast", CAPTURE)
+
+
+@pytest.fixture(scope="module")
+def lossy(tmp_path_factory):
+    return run_shipped(tmp_path_factory, "incast-lossy")
+
+
+@pytest.fixture(scope="module")
+def victim(tmp_path_factory):
+    return run_shipped(tmp_path_factory, "victim-flow")
+
+
+def by_switch(rows: list[dict], key: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in rows:
+        out[r["switch"]] = out.get(r["switch"], 0) + int(float(r[key]))
+    return out
+
+
+def test_incast_with_pfc_loses_nothing_and_pauses_spread_upstream(incast):
+    run_dir, r = incast
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = read_json(run_dir / "summary.json")
+    assert s["status"] == "ok"
+    assert s["switch"]["lossless_drops"] == 0 and s["switch"]["drops"] == 0
+    assert s["transport"]["delivered_fraction"] == 1.0 and s["transport"]["missing_packets"] == 0
+    ports = read_csv(run_dir / "ports.csv")
+    sent = by_switch(ports, "pause_tx_p3")
+    assert sent["leaf1"] > 0  # the receiver's leaf pauses its senders and the spines...
+    assert sent["spine1"] + sent["spine2"] > 0  # ...and the spines, paused, pause leaf2
+    received = by_switch(ports, "pause_rx_p3")
+    assert received["leaf2"] > 0 and received["spine1"] + received["spine2"] > 0
+    assert s["switch"]["pause_tx"] == sum(sent.values())
+    assert s["switch"]["paused_fabric_us"] > 0 and s["nic"]["nics_paused"] > 0
+    assert s["pfc_reaction"]["pauses_measured"] > 0
+    assert not any("lossless" in w or "pause" in w for w in s["fidelity"]["warnings"]), s["fidelity"]
+    pauses = read_csv(run_dir / "pauses.csv")
+    assert {p["intf"] for p in pauses} >= {"spine1-eth1", "h2-eth0"}
+
+
+def test_marks_counted_by_switches_equal_ce_seen_by_receivers(incast):
+    run_dir, _ = incast
+    s = read_json(run_dir / "summary.json")
+    assert s["switch"]["ecn_marked"] > 0  # the queue to h1 went far past kmin
+    assert s["switch"]["ecn_marked"] == s["transport"]["ecn_ce_received"]
+
+
+def test_pause_frames_decode_in_tshark(incast):
+    run_dir, _ = incast
+    out = subprocess.run(
+        ["tshark", "-r", str(run_dir / "pfc-spine1-eth1.pcap"), "-Y", "macc.opcode == 0x0101",
+         "-T", "fields", "-e", "eth.dst", "-e", "macc.cbfc.enbv.c3", "-e", "macc.cbfc.pause_time.c3"],
+        capture_output=True, text=True, check=True).stdout.split("\n")
+    frames = [line.split("\t") for line in out if line]
+    assert frames, "no PFC frame captured on spine1-eth1"
+    assert all(dst == "01:80:c2:00:00:01" and c3 in ("1", "True") for dst, c3, _ in frames)
+    assert {t for _, _, t in frames} >= {"65535"}  # pauses (resumes carry 0)
+
+
+def test_incast_without_pfc_drops_on_the_congested_port_and_says_so(lossy):
+    run_dir, r = lossy
+    assert r.returncode == 1
+    s = read_json(run_dir / "summary.json")
+    assert s["status"] == "incomplete" and "never arrived" in s["error"]
+    assert s["switch"]["pause_tx"] == 0 and s["switch"]["lossless_drops"] == 0
+    (port,) = [p for p in read_csv(run_dir / "ports.csv") if p["intf"] == "leaf1-eth1"]
+    assert int(port["drops_p3"]) > 0
+    assert s["transport"]["delivered_fraction"] < 1.0
+
+
+def rate_gbps(series: list[list[float]], go: float, a_s: float, b_s: float, dilation: float) -> float:
+    """Modelled Gb/s received between a_s and b_s (emulated seconds after GO), interpolated."""
+    def at(t: float) -> float:
+        pts = [(ts - go, b) for ts, b in series]
+        for (t0, b0), (t1, b1) in zip(pts, pts[1:]):
+            if t0 <= t <= t1:
+                return b0 + (b1 - b0) * (t - t0) / (t1 - t0) if t1 > t0 else b1
+        raise AssertionError(f"{t} s is outside the series {pts[0][0]}..{pts[-1][0]}")
+    return (at(b_s) - at(a_s)) * 8 / (b_s - a_s) * dilation / 1e9
+
+
+def test_victim_slows_only_while_pfc_pauses_its_link(victim):
+    run_dir, r = victim
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = read_json(run_dir / "summary.json")
+    d = s["dilation"]
+    victim_flow, *incast = s["flows"]
+    h2 = read_json(run_dir / "agents" / "h2.json")
+    (q,) = [q for q in h2["recv_qps"] if q["src"] == "h5"]
+    start = min(f["start_s"] for f in incast)
+    end = max(f["start_s"] + f["completion_s"] for f in incast)
+    alone = rate_gbps(q["rx_series"], h2["go"], 0.1 * start, 0.9 * start, d)
+    during = rate_gbps(q["rx_series"], h2["go"], start + 0.2 * (end - start), end - 0.1 * (end - start), d)
+    after_end = victim_flow["start_s"] + victim_flow["completion_s"]
+    after = rate_gbps(q["rx_series"], h2["go"], end + 0.2 * (after_end - end), after_end - 0.1 * (after_end - end), d)
+    assert alone > 80  # the victim alone runs near its 100 Gb/s link
+    assert during < 0.75 * alone, (alone, during, after)  # its link is paused for the incast
+    assert after > 0.85 * alone, (alone, during, after)  # and it recovers
+    spine_pauses = [p for p in read_csv(run_dir / "pauses.csv") if p["intf"] == "spine1-eth1"]
+    assert spine_pauses and float(spine_pauses[0]["start_s"]) < end
