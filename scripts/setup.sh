@@ -22,11 +22,12 @@ fi
 apt_packages=(
   mininet openvswitch-switch openvswitch-common
   iperf3 ethtool tcpdump tshark iputils-ping iproute2 procps
-  clang llvm libbpf-dev
+  clang llvm libbpf-dev linux-libc-dev
   python3 python3-venv python3-dev git
 )
-# bpftool is its own package on Debian 12 but part of linux-tools on Ubuntu 24.04.
-if grep -qi ubuntu /etc/os-release; then apt_packages+=(linux-tools-common); else apt_packages+=(bpftool); fi
+# bpftool (loads the port programs) is its own package on Debian 12 but part of linux-tools on
+# Ubuntu 24.04, whose bpftool wrapper needs the tools of the running kernel's flavour.
+if grep -qi ubuntu /etc/os-release; then apt_packages+=(linux-tools-common linux-tools-generic); else apt_packages+=(bpftool); fi
 
 missing=()
 for p in "${apt_packages[@]}"; do
@@ -99,4 +100,7 @@ if [ ! -f "$venv/.req-$req_hash" ]; then
   "$venv/bin/pip" install -q --disable-pip-version-check --no-deps -e "$here"
   rm -f "$venv"/.req-* && touch "$venv/.req-$req_hash"
 fi
+# The switch ports' tc-BPF programs (fabric_emu/ports/bpf/port.c): compile them now, so a broken
+# tool chain shows here and not in the middle of a run; cached per source version.
+"$venv/bin/python" -c "from fabric_emu.ports.datapath import build_object; build_object()"
 log "ready: $venv/bin/fabric-emu"

@@ -13,6 +13,7 @@ from pyroute2 import IPRoute
 
 from fabric_emu.fabric import switch_interfaces
 from fabric_emu.plan import FabricPlan
+from fabric_emu.ports.datapath import PIN_ROOT
 from fabric_emu.records import OVS_OWNER_KEY, RUNS_DIR
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,7 +61,8 @@ def our_processes() -> list[str]:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"fabric_emu.agent" in cmd or (b"-m" in cmd and b"controller" in cmd):
+        if (b"fabric_emu.agent" in cmd or b"fabric_emu.ports.pfcd" in cmd
+                or (b"-m" in cmd and b"controller" in cmd)):
             found.append(f"{pid}: {b' '.join(cmd).decode(errors='replace')}")
     return found
 
@@ -72,4 +74,5 @@ def leftovers(plan: FabricPlan) -> list[str]:
     left += [f"interface {i}" for i in sorted(links & set(switch_interfaces(plan)))]
     left += [f"record {p.name}" for p in RUNS_DIR.glob("*.json")] if RUNS_DIR.is_dir() else []
     left += [f"process {p}" for p in our_processes()]
+    left += [f"bpf pins {p}" for p in PIN_ROOT.iterdir()] if PIN_ROOT.is_dir() else []
     return left

@@ -132,6 +132,7 @@ def test_marked_fraction_follows_the_profile_and_receivers_see_every_mark(port: 
     got = port.receive_all()
 
     want = expected_fraction(start, probes)
+    print(f"depth {start} B: marked {marked / probes:.3f} of {probes} ECT probes, profile {want:.3f}")
     assert abs(marked / probes - want) <= 0.05, f"depth {start} B: marked {marked / probes:.3f}, profile {want:.3f}"
     probes_ce = sum(ce for n, ce in got if n == len(PROBE))
     assert sum(1 for n, _ in got if n == len(PROBE)) == probes  # nothing dropped

@@ -130,3 +130,61 @@ def test_impossible_thresholds_are_input_errors(spec_dir: Path, sets, field, wor
 def test_thresholds_checks_skip_what_is_off(spec_dir: Path) -> None:
     spec = _load(spec_dir, "pfc.enabled=false", "pfc.headroom=8KB", "ecn.enabled=false", "ecn.kmax=2MB")
     assert not spec.pfc.enabled and not spec.ecn.enabled
+
+
+# ------------------------------------------------------------------ report
+def _plan():
+    from fabric_emu.config import TopologySpec
+    from fabric_emu.plan import build_plan
+
+    return build_plan(TopologySpec(name="t", kind="leaf-spine", spines=1, leaves=2, hosts_per_leaf=1,
+                                   dilation=1000))
+
+
+def test_pause_rows_are_relative_to_the_start_in_both_worlds() -> None:
+    from fabric_emu.ports.report import pause_rows
+
+    rows = pause_rows(_plan(), {"intervals": {"spine1-eth1": [[10.5, 10.6]], "h2-eth0": [[11.0, None]],
+                                              "gone-eth9": [[1, 2]]}}, t0=10.0)
+    assert [r["intf"] for r in rows] == ["h2-eth0", "spine1-eth1"]  # unknown ports are ignored
+    h2, spine = rows
+    assert (spine["node"], spine["peer"], spine["start_s"], spine["end_s"]) == ("spine1", "leaf1", 0.5, 0.6)
+    assert spine["start_fabric_us"] == 500.0 and spine["end_fabric_us"] == pytest.approx(600.0)
+    assert h2["end_s"] == "" and h2["peer"] == "leaf2"  # still paused when the daemon stopped
+
+
+def test_reaction_summary_in_both_worlds() -> None:
+    from fabric_emu.ports.report import reaction_summary
+
+    assert reaction_summary({}, 2000) is None
+    r = reaction_summary({"reaction_s": [0.004, 0.001, 0.002]}, 2000)
+    assert r == {"pauses_measured": 3, "p50_s": 0.002, "max_s": 0.004, "p50_fabric_us": 1.0, "max_fabric_us": 2.0}
+
+
+def _row(**kw):
+    from fabric_emu.counters import PortCounters
+
+    return PortCounters("leaf1", 1, "leaf1-eth1", "h1", "host", **kw)
+
+
+ECN = {"enabled": True, "kmin": 100_000, "kmax": 400_000}
+
+
+def test_lossless_warnings_name_each_broken_promise() -> None:
+    from fabric_emu.ports.model import PfcSettings
+    from fabric_emu.ports.report import lossless_warnings
+
+    pfc = PfcSettings(True, 100_000, 80_000, 47_104, 0xFFFF)
+    fine = [_row(max_backlog_p3=300_000, ecn_marked_p3=5, max_held_p3=120_000, pause_tx_p3=2)]
+    assert lossless_warnings(fine, ECN, pfc, {"max_s": 0.001, "max_fabric_us": 0.5}, 6.25e6, 4214) == []
+    (w,) = lossless_warnings([_row(lossless_drops=3)], ECN, pfc, None, 6.25e6, 4214)
+    assert "3 packet(s) dropped in the lossless class" in w
+    (w,) = lossless_warnings([_row(max_backlog_p3=300_000)], ECN, pfc, None, 6.25e6, 4214)
+    assert "yet no packet was marked" in w
+    assert lossless_warnings([_row(max_backlog_p3=200_000)], ECN, pfc, None, 6.25e6, 4214) == []  # marks unlikely
+    (w,) = lossless_warnings([_row(max_held_p3=100_000)], ECN, pfc, None, 6.25e6, 4214)
+    assert "yet no pause frame was sent" in w
+    (w,) = lossless_warnings(fine, ECN, pfc, {"max_s": 0.01, "max_fabric_us": 5}, 6.25e6, 4214)
+    assert "more than the 47104 B headroom" in w  # 10 ms x 6.25 MB/s = 62.5 KB in flight
+    off = PfcSettings(False, 100_000, 80_000, 0, 0xFFFF)
+    assert lossless_warnings([_row(bpf_drops_p3=9, max_held_p3=10**6)], {"enabled": False}, off, None, 1, 1) == []
