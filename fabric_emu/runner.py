@@ -187,7 +187,8 @@ class Runner:
         before = counters.snapshot(self.plan, port_before)
         t = time.monotonic()
         cut_short: BaseException | None = None
-        with CpuMonitor() as cpu, counters.QueueSampler(self.plan, paused=lossless.paused_now) as queues:
+        with CpuMonitor() as cpu, counters.QueueSampler(self.plan, lossless.backlogs_now,
+                                                                  lossless.paused_now) as queues:
             try:
                 agents = run_agents(self.spec, self.plan, self.ranks, self.routed.fabric, record,
                                     workdir, self.say)

@@ -102,6 +102,14 @@ class LosslessPorts:
                          "headroom": got["headroom"]})
         return rows
 
+    def backlogs_now(self) -> dict[str, dict[int, int]]:
+        """Bytes queued per class at every switch port at this instant (the programs' own count,
+        equal to the qdiscs' backlog plus frames on the wire; see tests/integration/test_ports.py)."""
+        assert self.maps is not None
+        t = self.maps.table
+        return {e.intf: {p: t.get(e.id, "queue", p) for p in (0, 3, 6)}
+                for e in self.ports.ends if e.role == "switch"}
+
     def paused_now(self) -> dict[str, bool]:
         """Whether each port's lossless class is paused at this instant (for samplers)."""
         assert self.maps is not None

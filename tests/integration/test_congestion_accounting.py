@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 EXPERIMENT = """\
 name: collide
 topology: {name: ls-1x2x2, kind: leaf-spine, spines: 1, leaves: 2, hosts_per_leaf: 2,
-           dilation: 2000, port_buffer: 256KB}
+           dilation: 4000, port_buffer: 256KB}
 workload: {type: allreduce, size: 4MB, iterations: 1, ranks: [h1, h3, h2, h4]}
 pfc: {enabled: false}
 timeout: 15s

@@ -189,6 +189,8 @@ int switch_egress(struct __sk_buff *skb)
 
 	__u32 prio = prio_of(data, end, &ip) & (NPRIO - 1);
 	skb->priority = HTB_MAJOR | (CLASS_MINOR_BASE + prio);
+	if (eth->h_proto == bpf_htons(ETH_P_MAC_CONTROL))
+		return TC_ACT_OK;	/* the daemon's wake-up frames: the far end consumes them uncounted */
 	if (eth->h_source[0] == TAG0 && eth->h_source[1] == TAG1)
 		in_id = (eth->h_source[2] << 8) | eth->h_source[3];
 	struct port *in = in_id != NO_PORT ? bpf_map_lookup_elem(&ports, &in_id) : 0;
