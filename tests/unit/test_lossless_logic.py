@@ -188,3 +188,18 @@ def test_lossless_warnings_name_each_broken_promise() -> None:
     assert "more than the 47104 B headroom" in w  # 10 ms x 6.25 MB/s = 62.5 KB in flight
     off = PfcSettings(False, 100_000, 80_000, 0, 0xFFFF)
     assert lossless_warnings([_row(bpf_drops_p3=9, max_held_p3=10**6)], {"enabled": False}, off, None, 1, 1) == []
+
+
+def test_show_prints_the_classes_and_thresholds_each_port_gets() -> None:
+    import subprocess
+    import sys
+
+    repo = C_SOURCE.parents[3]
+    r = subprocess.run([sys.executable, "-m", "fabric_emu", "show", "experiments/incast.yaml",
+                        "--set", "pfc.xoff=120KB", "--set", "ecn.kmin=30KB"],
+                       cwd=repo, capture_output=True, text=True, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "kmin 30KB, kmax 200KB, pmax 0.2" in out  # kmax scaled to the 500 KB buffer
+    assert "xoff 120KB, xon 100KB, headroom 47.1KB per ingress port" in out
+    assert "a pause of 65535 quanta lasts 335.54 us at 100 Gb/s (0.671 s emulated)" in out
