@@ -53,6 +53,7 @@ def _unit(parser, help_text):
 
 
 Bytes = Annotated[int, _unit(units.parse_size, units.SIZE_HELP)]
+Rate = Annotated[float, _unit(units.parse_rate_bps, units.RATE_HELP)]
 Seconds = Annotated[float, _unit(units.parse_time_s, units.TIME_HELP)]
 
 
@@ -244,6 +245,40 @@ class PfcSpec(Strict):
     quanta: int = Field(default=0xFFFF, ge=1, le=0xFFFF, description="pause time, 512-bit-time quanta")
 
 
+class DcqcnSpec(Strict):
+    """DCQCN at every NIC: a preset (fabric_emu/cc/dcqcn.py: `mlx5`, NVIDIA ConnectX firmware
+    defaults; `paper`, Zhu et al. 2015) and any of its parameters overridden. Times and rates are
+    modelled (times run x dilation); rates in bits/s."""
+
+    preset: Literal["mlx5", "paper"] = "mlx5"
+    g: Optional[float] = Field(default=None, gt=0, le=1)
+    alpha_timer: Optional[Seconds] = Field(default=None, gt=0)
+    rate_timer: Optional[Seconds] = Field(default=None, gt=0)
+    byte_counter: Optional[Bytes] = Field(default=None, ge=0, description="0: off")
+    fast_recovery_stages: Optional[int] = Field(default=None, ge=0, le=100)
+    rate_ai: Optional[Rate] = Field(default=None, gt=0)
+    rate_hai: Optional[Rate] = Field(default=None, gt=0)
+    rate_min: Optional[Rate] = Field(default=None, gt=0)
+    min_dec_factor: Optional[float] = Field(default=None, gt=0, le=1)
+    rate_reduce_period: Optional[Seconds] = Field(default=None, ge=0)
+    initial_alpha: Optional[float] = Field(default=None, gt=0, le=1)
+    min_time_between_cnps: Optional[Seconds] = Field(default=None, ge=0)
+    cnp_pacing_per_port: Optional[bool] = None
+
+    def params(self) -> dict:
+        """The preset's parameters with the overrides, as fabric_emu.cc.dcqcn.DcqcnParams fields."""
+        from dataclasses import asdict
+
+        from fabric_emu.cc.dcqcn import preset
+
+        names = {"alpha_timer": "alpha_timer_s", "rate_timer": "rate_timer_s", "rate_ai": "rate_ai_bps",
+                 "rate_hai": "rate_hai_bps", "rate_min": "rate_min_bps",
+                 "rate_reduce_period": "rate_reduce_period_s",
+                 "min_time_between_cnps": "min_time_between_cnps_s"}
+        overrides = {names.get(k, k): v for k, v in self.model_dump(exclude={"preset"}).items() if v is not None}
+        return asdict(preset(self.preset, **overrides))
+
+
 def resolve_thresholds(e: EcnSpec, p: PfcSpec, buf: int, need_headroom: int) -> tuple[int, int, int, int, int]:
     """(kmin, kmax, headroom, xoff, xon): the given values, or the defaults for this buffer."""
     kmax = e.kmax if e.kmax is not None else min(400_000, buf * 2 // 5)
@@ -266,6 +301,8 @@ class ExperimentSpec(Strict):
     capture: Optional[CaptureSpec] = None
     ecn: EcnSpec = EcnSpec()
     pfc: PfcSpec = PfcSpec()
+    congestion_control: Literal["dcqcn", "none"] = "dcqcn"
+    dcqcn: DcqcnSpec = DcqcnSpec()
 
     @field_validator("load_balancing")
     @classmethod

@@ -179,6 +179,21 @@ def build_packet(src_ip: str, dst_ip: str, sport: int, opcode: int, dest_qp: int
     return bytes(packet)
 
 
+CNP_RESERVED_LEN = 16
+DSCP_CNP = 48
+TOS_CNP = DSCP_CNP << 2  # not ECN-capable
+
+
+def build_cnp(src_ip: str, dst_ip: str, sport: int, dest_qp: int) -> bytes:
+    """A RoCEv2 congestion notification packet's UDP payload: BTH (opcode 0x81, BECN set, to
+    the sender's QP, PSN 0), 16 reserved bytes, ICRC (docs/reference/protocol_facts.md §1.4)."""
+    prefix = icrc_prefix(src_ip, dst_ip, sport, BTH_LEN + CNP_RESERVED_LEN + ICRC_LEN)
+    wire = bth(CNP_OPCODE, dest_qp, 0, becn=True) + bytes(CNP_RESERVED_LEN)
+    masked = bytearray(wire)
+    masked[4] = 0xFF  # F, B and resv6 count as ones in the ICRC
+    return wire + _ICRC.pack(zlib.crc32(masked, prefix))
+
+
 def rdma_udp_sport(lqpn: int, rqpn: int) -> int:
     """UDP source port Linux gives a RoCEv2 QP without a flow label.
 

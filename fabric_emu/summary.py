@@ -77,8 +77,10 @@ def transport_totals(agents: dict[str, dict]) -> dict:
     one of out_of_order_packets instead (reordering is not loss).
     """
     recv = [q for a in agents.values() for q in a.get("recv_qps", [])]
-    sent = sum(q["bytes"] for a in agents.values() for q in a.get("send_qps", []))
+    send = [q for a in agents.values() for q in a.get("send_qps", [])]
+    sent = sum(q["bytes"] for q in send)
     received = sum(q["bytes"] for q in recv)
+    rates = [q["min_rate_bps"] for q in send if q.get("min_rate_bps")]
     return {
         "delivered_fraction": received / sent if sent else None,
         "bytes_received": received,
@@ -86,6 +88,11 @@ def transport_totals(agents: dict[str, dict]) -> dict:
         "missing_packets": sum(q["missing"] for q in recv),
         "out_of_order_packets": sum(q["out_of_order"] for q in recv),
         "ecn_ce_received": sum(q.get("ecn_ce", 0) for q in recv),
+        # DCQCN: CNPs the receivers sent for CE marks, CNPs the senders got, the QPs it slowed
+        "cnp_sent": sum(q.get("cnp_sent", 0) for q in recv),
+        "cnp_received": sum(q.get("cnp_received", 0) for q in send),
+        "qps_rate_limited": sum(1 for q in send if q.get("rate_cuts")),
+        "min_qp_rate_gbps": min(rates) / 1e9 if rates else None,
     }
 
 
@@ -165,6 +172,7 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
         "status": state["status"],
         "experiment": spec.name,
         "load_balancing": spec.load_balancing,
+        "congestion_control": spec.congestion_control,
         "workload": f"{w.type}/{w.algorithm}" if isinstance(w, AllReduceWorkload) else w.type,
         "ranks": len(ranks),
         **({"size_bytes": w.size} if w.type != "flows" else {}),
@@ -229,8 +237,10 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
                             "yet: the times and bandwidths above include damaged messages")
     cpu = traffic.get("cpu") or {}
     paused = (traffic.get("nics") or {}).get("paused_s_by_host", {})
+    # An agent DCQCN slowed was meant to send below line rate: only the others show pacing.
     pacing = [pacing_ratio(a["pacing"], paused.get(h, 0.0)) for h, a in agents.items()
-              if (a.get("pacing") or {}).get("achieved_bps")]
+              if (a.get("pacing") or {}).get("achieved_bps")
+              and not any(q.get("rate_cuts") for q in a.get("send_qps", []))]
     drops = summary.get("switch", {}).get("drops", 0)
     warnings = verdict(cpu, pacing, unexplained, drops)
     if ports:
@@ -271,6 +281,8 @@ def flow_rows(plan: FabricPlan, agents: dict[str, dict]) -> list[dict]:
                 "completion_s": done,
                 "completion_fabric_us": done / plan.dilation * 1e6 if done else None,
                 "goodput_gbps": goodput_gbps(r.get("bytes") or 0, done, plan.dilation) if done else None,
+                "cnp_received": q.get("cnp_received", 0),
+                "min_rate_gbps": q["min_rate_bps"] / 1e9 if q.get("min_rate_bps") else None,
                 "uplink": q.get("uplink", ""),
             })
     return rows
@@ -322,6 +334,12 @@ def print_summary(out: Console, s: dict, run_dir: Path) -> None:
     if "transport" in s:
         t.add_row("missing / out-of-order pkts",
                   f"{s['transport']['missing_packets']} / {s['transport']['out_of_order_packets']}", "")
+        tr = s["transport"]
+        t.add_row("CE received / CNPs sent / received",
+                  f"{tr['ecn_ce_received']:,} / {tr['cnp_sent']:,} / {tr['cnp_received']:,}", "")
+        if tr["min_qp_rate_gbps"] is not None:
+            t.add_row("DCQCN: QPs slowed, lowest rate",
+                      f"{tr['qps_rate_limited']}, {tr['min_qp_rate_gbps']:.1f} Gb/s", "")
     fid = s.get("fidelity", {})
     if fid.get("cpu_busy_max") is not None:
         t.add_row("CPU busy (mean / max)", f"{fid['cpu_busy_mean']:.0%} / {fid['cpu_busy_max']:.0%}", "")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from fabric_emu import traffic
-from fabric_emu.agent.config import AgentConfig, FlowConfig, FlowsConfig, RankInfo, RingConfig
+from fabric_emu.agent.config import AgentConfig, DcqcnConfig, FlowConfig, FlowsConfig, RankInfo, RingConfig
 from fabric_emu.config import AllReduceWorkload, ExperimentSpec
 from fabric_emu.plan import FabricPlan
 from fabric_emu.records import RunRecord
@@ -43,9 +43,17 @@ def agent_configs(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], work
             host=h, ip=plan.host_by_name[h].ip, rate_bps=plan.host_rate_bps(h), roce_mtu=plan.roce_mtu,
             ranks=infos, rank=i, workload=workload,
             seed=spec.seed, stats_path=str(workdir / f"agent-{h}.json"), timeout_s=spec.timeout,
+            dcqcn=dcqcn_config(spec, plan, h),
         )
         for i, h in enumerate(ranks)
     ]
+
+
+def dcqcn_config(spec: ExperimentSpec, plan: FabricPlan, host: str) -> DcqcnConfig | None:
+    if spec.congestion_control != "dcqcn":
+        return None
+    return DcqcnConfig(params=spec.dcqcn.params(), dilation=plan.dilation,
+                       line_rate_bps=plan.host_rate_bps(host) * plan.dilation)
 
 
 def unchecked_pairs(workload: RingConfig | FlowsConfig, ranks: list[str]) -> list[tuple[str, str]]:

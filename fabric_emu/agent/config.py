@@ -25,7 +25,7 @@ lists the hosts that run an agent: for flows, every host that sends or receives.
 from __future__ import annotations
 
 from ipaddress import IPv4Address
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal, Optional, Union
 
 from pydantic import (
     AfterValidator,
@@ -96,6 +96,15 @@ AgentWorkload = Annotated[Union[Annotated[RingConfig, Tag("allreduce")],
                           Discriminator(_workload_type)]
 
 
+class DcqcnConfig(_Frozen):
+    """DCQCN at this NIC: the parameters of fabric_emu.cc.dcqcn.DcqcnParams (modelled units),
+    the dilation its timers run at, and the NIC's modelled line rate."""
+
+    params: dict[str, Union[float, int, bool]]
+    dilation: float = Field(gt=0)
+    line_rate_bps: float = Field(gt=0)
+
+
 class AgentConfig(_Frozen):
     host: str
     ip: IPv4
@@ -107,6 +116,7 @@ class AgentConfig(_Frozen):
     seed: int
     stats_path: str
     timeout_s: float = Field(gt=0)
+    dcqcn: Optional[DcqcnConfig] = None  # None: no congestion control (CE marks are only counted)
 
     @model_validator(mode="after")
     def _ring_is_consistent(self) -> "AgentConfig":

@@ -22,7 +22,8 @@ from pathlib import Path
 from fabric_emu.agent.config import AgentConfig, ConfigError, FlowsConfig
 from fabric_emu.agent.flows import FlowRunner, own_qps
 from fabric_emu.agent.loop import IDLE_POLL_S, Driver, now, run_loop
-from fabric_emu.agent.nic import Nic
+from fabric_emu.agent.nic import DcqcnSetup, Nic
+from fabric_emu.cc.dcqcn import DcqcnParams
 from fabric_emu.agent.qps import build_qp_table
 from fabric_emu.agent.ring import RingRunner
 from fabric_emu.collectives import RingAllReduce, ring_edges
@@ -108,14 +109,21 @@ def _build(cfg: AgentConfig) -> tuple[Callable[[float], Driver], Nic]:
         table = build_qp_table([(f.src, f.dst) for f in w.flows], [f.qps for f in w.flows], cfg.seed)
         send = [qp for qp in table if qp.src == cfg.host]
         recv = [qp for qp in table if qp.dst == cfg.host]
-        nic = Nic(cfg.ip, cfg.rate_bps, cfg.roce_mtu, send, recv, ip_of, now())
+        nic = Nic(cfg.ip, cfg.rate_bps, cfg.roce_mtu, send, recv, ip_of, now(), _dcqcn(cfg))
         return (lambda go: FlowRunner(w.flows, cfg.host, nic, go)), nic
     schedule = RingAllReduce(names, cfg.rank, w.size, w.qps_per_peer, w.iterations)
     table = build_qp_table(ring_edges(list(names)), w.qps_per_peer, cfg.seed)
     send = [qp for qp in table if qp.src == cfg.host and qp.dst == schedule.right]
     recv = [qp for qp in table if qp.dst == cfg.host and qp.src == schedule.left]
-    nic = Nic(cfg.ip, cfg.rate_bps, cfg.roce_mtu, send, recv, ip_of, now())
+    nic = Nic(cfg.ip, cfg.rate_bps, cfg.roce_mtu, send, recv, ip_of, now(), _dcqcn(cfg))
     return (lambda _go: RingRunner(schedule, nic)), nic
+
+
+def _dcqcn(cfg: AgentConfig) -> DcqcnSetup | None:
+    d = cfg.dcqcn
+    if d is None:
+        return None
+    return DcqcnSetup(DcqcnParams(**d.params), d.dilation, d.line_rate_bps)
 
 
 def _wait_for_go(stop: StopFlag, deadline: float) -> float | None:

@@ -13,9 +13,11 @@ import errno
 import select
 import socket
 from collections import deque
+from dataclasses import dataclass
 
 from fabric_emu import roce
 from fabric_emu.agent.qps import QueuePair
+from fabric_emu.cc.dcqcn import DcqcnParams, NotificationPoint, ReactionPoint
 
 # Linux socket options the socket module does not name.
 SO_NO_CHECK = 11
@@ -40,6 +42,15 @@ _RETRY_ERRNOS = frozenset({errno.EAGAIN, errno.ENOBUFS, errno.ECONNREFUSED,
                            errno.EHOSTUNREACH, errno.ENETUNREACH})
 
 
+@dataclass(frozen=True)
+class DcqcnSetup:
+    """What the NIC needs to run DCQCN (from the agent config)."""
+
+    params: DcqcnParams
+    dilation: float
+    line_rate_bps: float  # modelled
+
+
 class TokenBucket:
     """Pacing in frame bytes at a fixed rate, with a small burst allowance."""
 
@@ -59,6 +70,12 @@ class TokenBucket:
         self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate) - nbytes
         self.stamp = now
 
+    def set_rate(self, rate_bps: float, now: float) -> None:
+        """Change the rate from now on (tokens earned so far are kept)."""
+        if now > self.stamp:
+            self.consume(0, now)
+        self.rate = rate_bps / 8
+
 
 class SendQp:
     """Requester side of a QP: a FIFO of WRITE messages cut into MTU-sized packets."""
@@ -77,6 +94,10 @@ class SendQp:
         self.first_tx: float | None = None
         self.last_tx: float | None = None
         self._prefix_crc: dict[int, int] = {}
+        self.rp: ReactionPoint | None = None  # DCQCN's reaction point, when on
+        self.limiter: TokenBucket | None = None  # paces the QP while DCQCN holds it below line rate
+        self.cnp_received = 0
+        self.min_rate_bps: float | None = None  # lowest DCQCN rate, modelled
 
     def next_packet(self) -> tuple[int, int]:
         """(opcode, data bytes) of the next packet of the head message."""
@@ -114,7 +135,9 @@ class SendQp:
         return {"qpn": self.qp.src_qpn, "remote_qpn": self.qp.dst_qpn, "dst": self.qp.dst,
                 "dst_ip": self.dst_ip, "udp_src": self.qp.udp_sport, "bytes": self.bytes,
                 "frame_bytes": self.frame_bytes, "packets": self.packets,
-                "messages": self.messages_done, "first_tx": self.first_tx, "last_tx": self.last_tx}
+                "messages": self.messages_done, "first_tx": self.first_tx, "last_tx": self.last_tx,
+                "cnp_received": self.cnp_received, "rate_cuts": self.rp.cuts if self.rp else 0,
+                "min_rate_bps": self.min_rate_bps}
 
 
 class RecvQp:
@@ -140,6 +163,10 @@ class RecvQp:
         self.last_rx: float | None = None
         self.rx_series: list[list[float]] = []
         self._next_point = 0.0
+        self.np: NotificationPoint | None = None  # DCQCN's notification point, when on
+        self.cnp: bytes = b""  # the CNP this QP sends back (constant: built once)
+        self.cnp_addr: tuple[str, int] = ("", 0)
+        self.cnp_sent = 0
         self._open = False
         self._damaged = False
 
@@ -200,7 +227,7 @@ class RecvQp:
                 "udp_src": self.qp.udp_sport, "bytes": self.bytes, "packets": self.packets,
                 "messages": self.messages, "damaged_messages": self.damaged_messages,
                 "out_of_order": self.out_of_order, "missing": self.missing,
-                "duplicates": self.duplicates, "ecn_ce": self.ecn_ce,
+                "duplicates": self.duplicates, "ecn_ce": self.ecn_ce, "cnp_sent": self.cnp_sent,
                 "first_rx": self.first_rx, "last_rx": self.last_rx, "rx_series": self._series()}
 
     def _series(self) -> list[list[float]]:
@@ -214,7 +241,8 @@ class Nic:
     """Sockets, pacing and the queue pairs of one host."""
 
     def __init__(self, ip: str, rate_bps: float, roce_mtu: int, send_qps: list[QueuePair],
-                 recv_qps: list[QueuePair], ip_of: dict[str, str], now: float):
+                 recv_qps: list[QueuePair], ip_of: dict[str, str], now: float,
+                 dcqcn: "DcqcnSetup | None" = None):
         self.ip = ip
         self.rate_bps = rate_bps
         self.mtu = roce_mtu
@@ -240,9 +268,29 @@ class Nic:
         self._busy_start = now
         self._busy_end = now
         self.rx_unknown_qp = self.rx_malformed = self.rx_other_opcode = 0
+        self.max_frame = max_frame
+        self.dcqcn = dcqcn
+        self._limited: set[SendQp] = set()  # QPs DCQCN holds below line rate
+        self._send_by_qpn = {sq.qp.src_qpn: sq for sq in self.send_qps}
+        self._cnp_sock: socket.socket | None = None
+        self.cnp_send_errors = 0
+        if dcqcn is not None:
+            self._cnp_sock = _cnp_socket(ip)
+            sport = self._cnp_sock.getsockname()[1]
+            for sq in self.send_qps:
+                sq.rp = ReactionPoint(dcqcn.params, dcqcn.line_rate_bps, dcqcn.dilation)
+            port_np = NotificationPoint(dcqcn.params, dcqcn.dilation)
+            for rq in self.recv_qps:
+                per_port = dcqcn.params.cnp_pacing_per_port
+                rq.np = port_np if per_port else NotificationPoint(dcqcn.params, dcqcn.dilation)
+                src_ip = ip_of[rq.qp.src]
+                rq.cnp = roce.build_cnp(ip, src_ip, sport, rq.qp.src_qpn)
+                rq.cnp_addr = (src_ip, roce.ROCE_UDP_PORT)
 
     def close(self) -> None:
         self._rsock.close()
+        if self._cnp_sock is not None:
+            self._cnp_sock.close()
         for sq in self.send_qps:
             sq.sock.close()
 
@@ -263,9 +311,15 @@ class Nic:
 
     def transmit(self, now: float) -> float | None:
         """Send what the token bucket allows; the time to call again, or None when idle."""
+        if self._limited:
+            self._dcqcn_timers(now)
         for _ in range(MAX_BATCH):
             if not self._active:
                 return None
+            if self._limited:
+                held = self._next_unlimited(now)
+                if held is not None:  # every QP with work waits for its DCQCN rate
+                    return held
             sq = self._active[0]
             opcode, data_len = sq.next_packet()
             udp_payload = roce.udp_payload_len(opcode, data_len)
@@ -277,6 +331,10 @@ class Nic:
             if wait:
                 return now + wait
             self.pacer.consume(frame, now)
+            if sq.limiter is not None:
+                sq.limiter.consume(frame, now)
+                sq.rp.on_sent(frame)
+                self._rate_changed(sq, now)
             self.max_lateness_s = max(self.max_lateness_s, now - max(ready, self._eligible_since))
             sq.advance(data_len, frame, now)
             self._active.rotate(-1)
@@ -286,6 +344,52 @@ class Nic:
                     self._busy_end = now + frame * 8 / self.rate_bps
                     self.busy_s += self._busy_end - self._busy_start
         return now
+
+    def _next_unlimited(self, now: float) -> float | None:
+        """Rotate a QP whose DCQCN rate allows a packet now to the head; else the time one will."""
+        earliest = None
+        for _ in range(len(self._active)):
+            sq = self._active[0]
+            if sq.limiter is None:
+                return None
+            ready = sq.limiter.ready_at(self.max_frame)
+            if now >= ready:
+                return None
+            earliest = ready if earliest is None else min(earliest, ready)
+            self._active.rotate(-1)
+        return earliest
+
+    def _dcqcn_timers(self, now: float) -> None:
+        for sq in list(self._limited):
+            deadline = sq.rp.next_deadline()
+            if deadline is not None and now >= deadline:
+                sq.rp.on_timer(now)
+                self._rate_changed(sq, now)
+
+    def _rate_changed(self, sq: SendQp, now: float) -> None:
+        """Apply the QP's DCQCN rate (modelled) to its limiter (emulated), or release it."""
+        rp = sq.rp
+        if not rp.active:
+            sq.limiter = None
+            self._limited.discard(sq)
+            return
+        rate = rp.rate / self.dcqcn.dilation
+        if sq.limiter is None:
+            sq.limiter = TokenBucket(rate, BURST_PACKETS * self.max_frame, now)
+            self._limited.add(sq)
+        else:
+            sq.limiter.set_rate(rate, now)
+        if sq.min_rate_bps is None or rp.rate < sq.min_rate_bps:
+            sq.min_rate_bps = rp.rate
+
+    def _send_cnp(self, rq: RecvQp) -> None:
+        try:
+            self._cnp_sock.sendto(rq.cnp, rq.cnp_addr)
+            rq.cnp_sent += 1
+        except OSError as e:
+            if e.errno not in _RETRY_ERRNOS:
+                raise
+            self.cnp_send_errors += 1  # a CNP the NIC could not queue is lost, as on hardware
 
     def _send(self, sq: SendQp, opcode: int, data_len: int, udp_payload: int) -> float:
         """Hand one packet to the kernel: 0.0 when it took it, else the seconds to wait."""
@@ -324,6 +428,9 @@ class Nic:
                 self.rx_malformed += 1
                 continue
             opcode, dest_qp, psn, _becn, _ackreq = roce.parse_bth(rbuf)
+            if opcode == roce.CNP_OPCODE:
+                self._on_cnp(dest_qp, now)
+                continue
             rq = by_qpn.get(dest_qp)
             if rq is None:
                 self.rx_unknown_qp += 1
@@ -335,6 +442,18 @@ class Nic:
             data_len = n - header - roce.ICRC_LEN - (rbuf[1] >> 4 & 3)
             ce = bool(anc) and (anc[0][2][0] & 3) == roce.ECN_CE
             rq.on_packet(opcode, psn, data_len, ce, now)
+            if ce and rq.np is not None and rq.np.on_ce(now):
+                self._send_cnp(rq)
+
+    def _on_cnp(self, dest_qp: int, now: float) -> None:
+        sq = self._send_by_qpn.get(dest_qp)
+        if sq is None:
+            self.rx_unknown_qp += 1
+            return
+        sq.cnp_received += 1
+        if sq.rp is not None:
+            sq.rp.on_cnp(now)
+            self._rate_changed(sq, now)
 
     def wait(self, timeout: float) -> bool:
         """Sleep until a packet arrives or timeout seconds pass; False if surely nothing came."""
@@ -353,7 +472,7 @@ class Nic:
 
     def receive_stats(self) -> dict:
         return {"unknown_qp": self.rx_unknown_qp, "malformed": self.rx_malformed,
-                "other_opcode": self.rx_other_opcode}
+                "other_opcode": self.rx_other_opcode, "cnp_send_errors": self.cnp_send_errors}
 
 
 def _receive_socket(ip: str) -> socket.socket:
@@ -364,6 +483,18 @@ def _receive_socket(ip: str) -> socket.socket:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECV_BUFFER_BYTES)
     s.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
     s.bind((ip, roce.ROCE_UDP_PORT))
+    s.setblocking(False)
+    return s
+
+
+def _cnp_socket(ip: str) -> socket.socket:
+    """Where CNPs leave: DSCP 48 (the strict-priority class), not ECN-capable, UDP checksum 0."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setsockopt(socket.SOL_SOCKET, SO_NO_CHECK, 1)
+    s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, roce.TOS_CNP)
+    s.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
+    s.setsockopt(socket.IPPROTO_IP, IP_RECVERR, 1)
+    s.bind((ip, 0))
     s.setblocking(False)
     return s
 

@@ -44,6 +44,7 @@ class DcqcnParams:
     clamp_target: bool  # a cut always sets R_T <- R_C
     clamp_after_time_inc: bool  # ... or only after the timer raised the rate
     min_time_between_cnps_s: float  # notification point: CNP pacing
+    cnp_pacing_per_port: bool  # one CNP pacer for the whole NIC (mlx5) or one per QP (paper)
 
 
 PRESETS: dict[str, DcqcnParams] = {
@@ -55,19 +56,19 @@ PRESETS: dict[str, DcqcnParams] = {
         fast_recovery_stages=5, rate_ai_bps=40 * MBPS, rate_hai_bps=200 * MBPS,
         rate_min_bps=100 * MBPS, min_dec_factor=0.5, rate_reduce_period_s=0.0, initial_alpha=1.0,
         rate_on_first_cnp_bps=0.0, clamp_target=True, clamp_after_time_inc=True,
-        min_time_between_cnps_s=50 * US),
+        min_time_between_cnps_s=50 * US, cnp_pacing_per_port=False),
     # NVIDIA ConnectX (mlx5) firmware defaults as mlxconfig reports them (deployed_parameters
     # §4.1): DCE_TCP_G 1019/1024 (g = 5/1024), DCE_TCP_RTT 1 us, RPG_TIME_RESET 300 us,
     # RPG_BYTE_RESET 32767 (read as bytes; its unit is disputed), RPG_THRESHOLD 1, AI 5 Mb/s,
     # HAI 50 Mb/s, MIN_RATE 1 Mb/s, MIN_DEC_FAC 50%, RATE_REDUCE_MONITOR_PERIOD 4 us,
     # INITIAL_ALPHA 1023/1024, CLAMP_TGT_RATE off, CLAMP_TGT_RATE_AFTER_TIME_INC on,
-    # MIN_TIME_BETWEEN_CNPS 4 us.
+    # MIN_TIME_BETWEEN_CNPS 4 us, which paces the CNPs of the whole port, not of each QP.
     "mlx5": DcqcnParams(
         g=5 / 1024, alpha_timer_s=1 * US, rate_timer_s=300 * US, byte_counter=32767,
         fast_recovery_stages=1, rate_ai_bps=5 * MBPS, rate_hai_bps=50 * MBPS, rate_min_bps=1 * MBPS,
         min_dec_factor=0.5, rate_reduce_period_s=4 * US, initial_alpha=1023 / 1024,
         rate_on_first_cnp_bps=0.0, clamp_target=False, clamp_after_time_inc=True,
-        min_time_between_cnps_s=4 * US),
+        min_time_between_cnps_s=4 * US, cnp_pacing_per_port=True),
 }
 
 
@@ -164,7 +165,8 @@ class ReactionPoint:
 
 
 class NotificationPoint:
-    """CNP pacing at a receiver: at most one CNP per interval for one QP (or one port)."""
+    """CNP pacing at a receiver: at most one CNP per interval for one QP, or for the whole port
+    (cnp_pacing_per_port: the NIC then shares one NotificationPoint among its QPs)."""
 
     def __init__(self, p: DcqcnParams, dilation: float = 1.0):
         self.interval = p.min_time_between_cnps_s * dilation

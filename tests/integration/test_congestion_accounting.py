@@ -1,7 +1,7 @@
 """Two flows forced onto one uplink overflow its egress buffer: every lost packet is counted.
 
 One spine, ranks ordered h1 h3 h2 h4: h1->h3 and h2->h4 share leaf1's only uplink, h3->h2 and
-h4->h1 share leaf2's, each at twice its rate. PFC is off, so RoCE is a lossy class. Without
+h4->h1 share leaf2's, each at twice its rate. PFC and DCQCN are off, so RoCE is a lossy class. Without
 retransmission (not built yet) the run ends incomplete; what matters is conservation: packets
 sent = received + dropped by the switches.
 """
@@ -22,6 +22,7 @@ topology: {name: ls-1x2x2, kind: leaf-spine, spines: 1, leaves: 2, hosts_per_lea
            dilation: 4000, port_buffer: 256KB}
 workload: {type: allreduce, size: 4MB, iterations: 1, ranks: [h1, h3, h2, h4]}
 pfc: {enabled: false}
+congestion_control: none   # DCQCN would slow the senders enough to avoid the overflow
 timeout: 15s
 """
 

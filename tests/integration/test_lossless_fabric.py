@@ -123,3 +123,30 @@ def test_victim_slows_only_while_pfc_pauses_its_link(victim):
     assert after > 0.85 * alone, (alone, during, after)  # and it recovers
     spine_pauses = [p for p in read_csv(run_dir / "pauses.csv") if p["intf"] == "spine1-eth1"]
     assert spine_pauses and float(spine_pauses[0]["start_s"]) < end
+
+
+@pytest.fixture(scope="module")
+def dcqcn(tmp_path_factory):
+    return run_shipped(tmp_path_factory, "dcqcn-incast")
+
+
+def test_dcqcn_receivers_send_cnps_for_marks_and_senders_slow_down(dcqcn):
+    run_dir, r = dcqcn
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = read_json(run_dir / "summary.json")
+    assert s["status"] == "ok" and s["congestion_control"] == "dcqcn"
+    t = s["transport"]
+    assert t["delivered_fraction"] == 1.0 and s["switch"]["lossless_drops"] == 0
+    assert s["switch"]["ecn_marked"] == t["ecn_ce_received"] > 0
+    # at most one CNP per 4 us per port (mlx5), so far fewer CNPs than marks, but some
+    assert 0 < t["cnp_sent"] < t["ecn_ce_received"]
+    # the senders heard them (a few can arrive after a sender finished and left)
+    assert 0.8 * t["cnp_sent"] <= t["cnp_received"] <= t["cnp_sent"]
+    # the port's CNPs go to whichever QP's mark comes first: most senders get some and are cut
+    assert t["qps_rate_limited"] >= 5 and t["min_qp_rate_gbps"] < 50
+    rows = read_csv(run_dir / "flows.csv")
+    cut = [row for row in rows if int(row["cnp_received"]) > 0]
+    assert len(cut) >= 5 and all(float(row["min_rate_gbps"]) < 100 for row in cut)
+    # CNPs ride the strict-priority class: the switches forwarded them as priority 6
+    ports = read_csv(run_dir / "ports.csv")
+    assert sum(int(p["drops_p6"]) for p in ports) == 0

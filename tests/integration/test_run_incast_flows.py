@@ -18,7 +18,7 @@ from tests.integration.fabric_checks import REPO, leftovers, read_csv, read_json
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
-NO_LOSS = ("topology.port_buffer=8MB", "pfc.xoff=7MB", "pfc.xon=6MB")
+NO_LOSS = ("topology.port_buffer=8MB", "pfc.xoff=7MB", "pfc.xon=6MB", "congestion_control=none")
 LINK_GBPS = 100.0  # host links of both shipped experiments
 
 

@@ -102,3 +102,7 @@ def test_overrides_are_checked() -> None:
     assert preset("mlx5", rate_ai_bps=1e6).rate_ai_bps == 1e6
     with pytest.raises(TypeError):
         preset("mlx5", no_such_parameter=1)
+
+
+def test_mlx5_paces_cnps_per_port_and_the_paper_per_qp() -> None:
+    assert PRESETS["mlx5"].cnp_pacing_per_port and not PRESETS["paper"].cnp_pacing_per_port

@@ -132,3 +132,13 @@ def test_a_tiny_packet_icrc_does_not_damage_the_next_reth():
                                  only, 7, 2, 0, reth_fields=reth))
     assert payload == roce.build_packet(SRC, DST, SPORT, only, 7, 2, 0, reth_fields=reth)
     assert payload[roce.BTH_LEN:roce.BTH_LEN + roce.RETH_LEN] == roce.reth(*reth)
+
+
+def test_cnp_decodes_in_scapy_with_becn_and_correct_icrc():
+    payload = roce.build_cnp(SRC, DST, SPORT, 0x0A0B0C)
+    assert len(payload) == roce.BTH_LEN + 16 + roce.ICRC_LEN
+    pkt = scapy_packet(payload)
+    bth = pkt[BTH]
+    assert (bth.opcode, bth.dqpn, bth.becn, bth.psn) == (0x81, 0x0A0B0C, 1, 0)
+    assert bth.icrc == int.from_bytes(bth.compute_icrc(None), "big")
+    assert roce.check_icrc(SRC, DST, SPORT, payload)
