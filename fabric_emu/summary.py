@@ -19,7 +19,7 @@ from fabric_emu.counters import totals
 from fabric_emu.fidelity import loss_note, verdict
 from fabric_emu.plan import ETH_HEADER, FabricPlan
 from fabric_emu.ports.model import settings_of
-from fabric_emu.ports.report import lossless_warnings, reaction_summary
+from fabric_emu.ports.report import daemon_warnings, lossless_warnings, reaction_summary
 from fabric_emu.traffic import Flow, workload_flows
 
 
@@ -247,6 +247,7 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
         ecn, pfc = settings_of(spec)
         link_Bps = max(ln.emulated_bps for ln in plan.links) / 8
         warnings += lossless_warnings(ports, asdict(ecn), pfc, reaction, link_Bps, plan.mtu + ETH_HEADER)
+        warnings += daemon_warnings(traffic.get("pfc_daemon") or {})
     note = loss_note(unexplained, drops)
     summary["fidelity"] = {**cpu, "agent_pacing_ratio_min": min(pacing) if pacing else None,
                            "trusted": not warnings, "warnings": warnings,

@@ -45,6 +45,18 @@ def reaction_summary(daemon: dict, dilation: float) -> dict | None:
             "p50_fabric_us": round(p50 / dilation * 1e6, 3), "max_fabric_us": round(worst / dilation * 1e6, 3)}
 
 
+def daemon_warnings(daemon: dict) -> list[str]:
+    """The PFC daemon's own troubles: it died during the run, or failed to act on events."""
+    out = []
+    if daemon.get("died"):
+        out.append(f"the PFC daemon stopped during the run ({daemon['died']}): pauses after that were"
+                   " neither sent nor obeyed; see logs/pfcd.log")
+    if daemon.get("errors"):
+        out.append(f"the PFC daemon failed to act on {len(daemon['errors'])} event(s), the first:"
+                   f" {daemon['errors'][0]}")
+    return out
+
+
 def lossless_warnings(rows: list["PortCounters"], ecn: dict, pfc: PfcSettings | None,
                       reaction: dict | None, link_Bps: float, frame: int) -> list[str]:
     """Reasons the lossless class's results cannot be trusted.

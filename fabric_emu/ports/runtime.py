@@ -67,6 +67,7 @@ class LosslessPorts:
     def stop(self) -> dict:
         """Stop the daemon; returns what it logged (pause intervals, reaction times)."""
         stats: dict = {}
+        died = self.daemon is not None and self.daemon.poll() is not None  # before we stopped it
         if self.daemon is not None and self.daemon.poll() is None:
             self.daemon.send_signal(signal.SIGTERM)
             try:
@@ -76,6 +77,8 @@ class LosslessPorts:
                 self.daemon.wait()
         if self.stats_path.exists():
             stats = json.loads(self.stats_path.read_text())
+        if died:
+            stats["died"] = f"exit code {self.daemon.returncode}"
         if self.maps is not None:
             self.maps.close()
             self.maps = None

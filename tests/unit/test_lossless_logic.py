@@ -203,3 +203,13 @@ def test_show_prints_the_classes_and_thresholds_each_port_gets() -> None:
     assert "kmin 30KB, kmax 200KB, pmax 0.2" in out  # kmax scaled to the 500 KB buffer
     assert "xoff 120KB, xon 100KB, headroom 47.1KB per ingress port" in out
     assert "a pause of 65535 quanta lasts 335.54 us at 100 Gb/s (0.671 s emulated)" in out
+
+
+def test_a_dead_or_failing_pfc_daemon_is_a_warning() -> None:
+    from fabric_emu.ports.report import daemon_warnings
+
+    assert daemon_warnings({"intervals": {}, "errors": []}) == []
+    (w,) = daemon_warnings({"died": "exit code -9"})
+    assert "stopped during the run (exit code -9)" in w
+    (w,) = daemon_warnings({"errors": ["event X: [Errno 19] No such device"]})
+    assert "failed to act on 1 event(s)" in w
