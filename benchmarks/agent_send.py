@@ -41,6 +41,8 @@ SEED = 1
 class TimedSender:
     """Driver that keeps every send QP busy until `until`, then lets the NIC drain."""
 
+    wake_at = None  # never waits for a start time (run_loop's Driver protocol)
+
     def __init__(self, nic: Nic, until: float):
         self.nic, self.until = nic, until
 
@@ -58,6 +60,8 @@ class TimedSender:
 
 class IdleReceiver:
     """Driver that finishes once packets stop arriving."""
+
+    wake_at = None
 
     def __init__(self, nic: Nic):
         self.nic = nic
