@@ -37,6 +37,7 @@ from fabric_emu.cc.pfc import PauseReceiver, PauseSender, REFRESH_FRACTION, paus
 from fabric_emu.ports import bpfsys, queues
 from fabric_emu.ports.datapath import PortMaps
 from fabric_emu.ports.layout import EV_PFC_RX, EV_XOFF, EV_XON, NO_PORT, Event
+from fabric_emu.shaping import IPRoutePool, link_index
 
 SOL_PACKET = 263
 PACKET_QDISC_BYPASS = 20
@@ -125,10 +126,16 @@ class Daemon:
         self.senders = {p.id: PauseSender(cfg.quanta, REFRESH_FRACTION * self._pause_s(p, cfg.quanta))
                         for p in cfg.ports if p.pfc}
         self.receivers = {p.id: PauseReceiver() for p in cfg.ports}
-        self.gates = {p.id: queues.Gate(p.intf, p.emulated_bps, p.mtu, p.lossless_fifo, p.netns)
-                      for p in cfg.ports}
-        self.tx = {p.id: _socket_in(p.netns, bypass=True) for p in cfg.ports if p.pfc}
-        self.kick = {p.id: _socket_in(p.netns, bypass=False) for p in cfg.ports}
+        # One socket of each kind per namespace, not per port: closing a packet socket waits
+        # for an RCU grace period (~20 ms), which made a 128-port daemon take 4 s to exit.
+        namespaces = {p.netns for p in cfg.ports}
+        self.netlink = {ns: queues.netlink_socket(ns) for ns in namespaces}
+        self.kick = {ns: _socket_in(ns, bypass=False) for ns in namespaces}
+        self.tx = _socket_in(None, bypass=True)  # PFC frames: switch ports are in the root namespace
+        with IPRoutePool() as pool:
+            self.gates = {p.id: queues.Gate(self.netlink[p.netns], p.intf, link_index(pool.get(p.netns), p.intf),
+                                            p.emulated_bps, p.mtu, p.lossless_fifo)
+                          for p in cfg.ports}
         self.crossed_at: dict[int, int] = {}  # ingress port -> ns of its unanswered XOFF
         self.intervals: dict[str, list[list[float]]] = {}
         self.reactions_s: list[float] = []
@@ -189,7 +196,7 @@ class Daemon:
     def _send(self, port_id: int, quanta_list: list[int]) -> None:
         port = self.ports[port_id]
         for quanta in quanta_list:
-            self.tx[port_id].sendto(pfc_frame(tag_mac(port_id), quanta, LOSSLESS), (port.intf, 0))
+            self.tx.sendto(pfc_frame(tag_mac(port_id), quanta, LOSSLESS), (port.intf, 0))
             self.frames_sent += 1
             self.maps.table.add(port_id, "pause_tx", 1, LOSSLESS)
             if quanta == 0:
@@ -218,7 +225,7 @@ class Daemon:
 
     def _kick(self, port: DaemonPort) -> None:
         frame = bytes.fromhex("0180c2000001") + tag_mac(port.id) + b"\x88\x08" + KICK_OPCODE
-        self.kick[port.id].sendto(frame.ljust(60, b"\0"), (port.intf, 0))
+        self.kick[port.netns].sendto(frame.ljust(60, b"\0"), (port.intf, 0))
 
     # ------------------------------------------------------------------ end
     def close(self) -> dict:
@@ -229,10 +236,8 @@ class Daemon:
                 self.maps.table.add(port_id, "paused_ns", now_ns - since, LOSSLESS)
                 self.maps.table.set(port_id, "paused_since", 0, LOSSLESS)
                 self.intervals[port.intf][-1][1] = now_ns / 1e9
-        for s in (*self.tx.values(), *self.kick.values()):
+        for s in (self.tx, *self.kick.values(), *self.netlink.values()):
             s.close()
-        for gate in self.gates.values():
-            gate.close()
         self.ring.close()
         self.maps.close()
         return {"intervals": self.intervals, "reaction_s": self.reactions_s,

@@ -173,20 +173,25 @@ def set_gate(ifname: str, rate_bps: float, mtu: int, limit: int, is_open: bool,
                parent=class_id(LOSSLESS), **_gate_params(link, mtu + shaping.ETH_HEADER, limit, is_open))
 
 
+def netlink_socket(netns: str | None = None) -> socket.socket:
+    """A raw rtnetlink socket inside netns (None: this namespace), bound and ready to send."""
+    if netns is None:
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+    else:
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, fileno=netlink_fd_in(netns))
+    sock.bind((0, 0))
+    return sock
+
+
 class Gate:
     """One port's PFC gate, switched by pre-encoded netlink messages on a raw rtnetlink socket
-    opened in the port's namespace: ~5 us a switch, where pyroute2's tc() takes ~1.7 ms (its
-    lookups and asyncio plumbing), and every microsecond here is headroom a pause consumes."""
+    of the port's namespace (shared by the gates of that namespace): ~5 us a switch, where
+    pyroute2's tc() takes ~1.7 ms (its lookups and asyncio plumbing), and every microsecond
+    here is headroom a pause consumes."""
 
-    def __init__(self, ifname: str, rate_bps: float, mtu: int, limit: int, netns: str | None = None):
-        with IPRoutePool() as pool:
-            index = link_index(pool.get(netns), ifname)
+    def __init__(self, sock: socket.socket, ifname: str, index: int, rate_bps: float, mtu: int, limit: int):
+        self.sock = sock
         self.ifname = ifname
-        if netns is None:
-            self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
-        else:
-            self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, fileno=netlink_fd_in(netns))
-        self.sock.bind((0, 0))
         link = max(shaping.MIN_RATE_BYTES_PER_S, round(rate_bps / 8))
         frame = mtu + shaping.ETH_HEADER
         self._msgs = {is_open: self._encode(index, _gate_params(link, frame, limit, is_open))
@@ -208,9 +213,6 @@ class Gate:
         error = struct.unpack_from("=i", ack, 16)[0]  # nlmsgerr after the 16-byte header
         if error:
             raise OSError(-error, f"{self.ifname}: gate change refused: {os.strerror(-error)}")
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 @dataclass(frozen=True)
