@@ -222,19 +222,6 @@ def egress_stats(ifname: str, netns: str | None = None, *, pool: IPRoutePool | N
     )
 
 
-def egress_backlogs(netns: str | None = None, *, pool: IPRoutePool | None = None) -> dict[int, tuple[int, int]]:
-    """(bytes, packets) waiting in every shaped egress buffer of a namespace, by interface
-    index, from one netlink dump: cheap enough to sample many ports several times a second."""
-    with borrowed(pool) as p:
-        qdiscs = p.get(netns).get_qdiscs()
-    out = {}
-    for msg in qdiscs:
-        if msg["handle"] == FIFO_HANDLE:
-            queue = msg.get_attr("TCA_STATS2").get_attr("TCA_STATS_QUEUE")
-            out[msg["index"]] = (queue["backlog"], queue["qlen"])
-    return out
-
-
 @contextmanager
 def borrowed(pool: IPRoutePool | None) -> Iterator[IPRoutePool]:
     """Yield the caller's pool, or a temporary one closed on exit."""

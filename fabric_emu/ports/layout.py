@@ -84,7 +84,3 @@ class PortTable:
         """Only for fields a single writer owns (the daemon's block)."""
         at = self._at(port, name, i)
         self.words[at] += value
-
-    def clear(self, port: int) -> None:
-        base = port * (PORT_BYTES // 8)
-        self.words[base:base + PORT_BYTES // 8] = memoryview(bytes(PORT_BYTES)).cast("Q")

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 
 from fabric_emu.cc.red import pmax_scaled
 from fabric_emu.plan import ETH_HEADER, FabricPlan
-from fabric_emu.ports.layout import MAX_PORTS, NO_PORT
+from fabric_emu.ports.layout import MAX_PORTS, NO_PORT, NPRIO, PORT_ECN, PORT_PFC, PORT_SWITCH
 
 NIC_QUEUE_FRAMES = 16
 SLACK_FRAMES = 4  # kernel FIFOs above the BPF limit: the BPF program always drops first
@@ -113,8 +113,6 @@ def host_settings(plan: FabricPlan) -> PortSettings:
 
 def bpf_config(settings: PortSettings) -> dict[str, int | list[int]]:
     """The config fields of `struct port` (layout.FIELDS) for a switch port."""
-    from fabric_emu.ports.layout import NPRIO, PORT_ECN, PORT_PFC, PORT_SWITCH
-
     limits = [settings.limits.get(p, settings.limits[0]) for p in range(NPRIO)]
     ecn, pfc = settings.ecn, settings.pfc
     flags = PORT_SWITCH | (PORT_ECN if ecn and ecn.enabled else 0) | (PORT_PFC if pfc and pfc.enabled else 0)

@@ -33,7 +33,6 @@ import os
 import socket
 import struct
 
-from pyroute2 import IPRoute
 from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST
 from pyroute2.netlink.rtnl import RTM_NEWQDISC
 from pyroute2.netlink.rtnl.tcmsg import tcmsg
@@ -240,17 +239,4 @@ def class_stats(ifname: str, netns: str | None = None, *,
             sent = classes[class_id(prio)].get_attr("TCA_STATS_BASIC")
             out[prio] = ClassStats(sent["bytes"], sent["packets"], queue["drops"],
                                    queue["backlog"], queue["qlen"])
-    return out
-
-
-def class_backlogs(ipr: IPRoute) -> dict[int, dict[int, int]]:
-    """Bytes queued per priority of every shaped port of a namespace, by interface index, from
-    one netlink dump (cheap enough to sample a whole fabric several times a second)."""
-    by_handle = {qdisc_handle(p): p for p in PRIORITIES}
-    out: dict[int, dict[int, int]] = {}
-    for msg in ipr.get_qdiscs():
-        prio = by_handle.get(msg["handle"])
-        if prio is not None and msg["parent"] == class_id(prio):
-            queue = msg.get_attr("TCA_STATS2").get_attr("TCA_STATS_QUEUE")
-            out.setdefault(msg["index"], {})[prio] = queue["backlog"]
     return out

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from fabric_emu.ports import datapath
+from fabric_emu.ports.layout import PORT_ECN, PORT_PFC
 from fabric_emu.ports.model import PortPlan, bpf_config
 from fabric_emu.ports.pfcd import Config, DaemonPort
 from fabric_emu.records import RunRecord
@@ -99,9 +100,9 @@ class LosslessPorts:
             got = datapath.installed(self.maps, e.id)
             rows.append({"switch": e.node, "port": e.port, "intf": e.intf,
                          **{f"limit_p{p}": got["limit"][p] for p in (0, 3, 6)},
-                         "ecn": bool(got["flags"] & 2), "kmin": got["kmin"], "kmax": got["kmax"],
+                         "ecn": bool(got["flags"] & PORT_ECN), "kmin": got["kmin"], "kmax": got["kmax"],
                          "pmax": round(got["pmax32"] / 2**32, 6),
-                         "pfc": bool(got["flags"] & 4), "xoff": got["xoff"], "xon": got["xon"],
+                         "pfc": bool(got["flags"] & PORT_PFC), "xoff": got["xoff"], "xon": got["xon"],
                          "headroom": got["headroom"]})
         return rows
 
