@@ -3,7 +3,8 @@
 This is kernel/process plumbing only; every decision (names, ports, addresses, rates) comes from
 the plan. Switches use OVS's userspace datapath (our CI kernel has no OVS module); each link end
 gets its traffic classes (HTB at the emulated rate, a queue per class) through
-fabric_emu.ports.queues, with limits from the port plan.
+fabric_emu.ports.queues, with limits from the port plan; host NICs also get the per-queue-pair
+HTB their agents put rate classes in (fabric_emu.ports.qp_limiter).
 """
 
 from __future__ import annotations
@@ -157,7 +158,8 @@ class Fabric:
             for end in self.ports.ends:
                 limits = self.ports.settings(end).fifo_limits
                 queues.shape_classes(queues.PortQueues(end.intf, end.emulated_bps, self.plan.mtu, limits,
-                                                       self.netns_of(end.node)), pool=pool)
+                                                       self.netns_of(end.node),
+                                                       qp_classes=end.role != "switch"), pool=pool)
 
     def netns_by_node(self) -> dict[str, str | None]:
         return {end.node: self.netns_of(end.node) for end in self.ports.ends}

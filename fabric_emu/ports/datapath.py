@@ -18,6 +18,7 @@ from pathlib import Path
 from fabric_emu.ports import bpfsys
 from fabric_emu.ports.layout import NPRIO, PER_PRIO_COUNTERS, PORT_COUNTERS, PortTable
 from fabric_emu.ports.model import PortEnd
+from fabric_emu.ports.qp_limiter import QP_MAJOR
 from fabric_emu.shaping import IPRoutePool, link_index
 
 SOURCE = Path(__file__).with_name("bpf") / "port.c"
@@ -26,7 +27,7 @@ BPFFS = Path("/sys/fs/bpf")
 PIN_ROOT = BPFFS / "fabric-emu"
 CLSACT_INGRESS = 0xFFFFFFF2
 CLSACT_EGRESS = 0xFFFFFFF3
-PROGRAMS = ("switch_egress", "switch_ingress", "host_egress", "host_ingress")
+PROGRAMS = ("switch_egress", "switch_ingress", "host_egress", "host_ingress", "qp_classify")
 
 
 def build_object() -> Path:
@@ -95,7 +96,8 @@ def load(run_id: str) -> Path:
 
 def attach(pins: Path, ends: Iterable[PortEnd], netns_of: dict[str, str | None], maps: PortMaps) -> None:
     """Attach the programs to every link end: switch ports get switch_egress + switch_ingress
-    and an entry in port_of_ifindex; host NICs get host_egress + host_ingress."""
+    and an entry in port_of_ifindex; host NICs get host_egress + host_ingress, and qp_classify
+    on their per-QP HTB 30: when shape_classes built one (queues.PortQueues.qp_classes)."""
     fds = {name: bpfsys.obj_get(str(pins / "progs" / name)) for name in PROGRAMS}
     try:
         with IPRoutePool() as pool:
@@ -109,6 +111,10 @@ def attach(pins: Path, ends: Iterable[PortEnd], netns_of: dict[str, str | None],
                            parent=parent, classid=1, direct_action=True)
                 if end.role == "switch":
                     bpfsys.map_update(maps.ifindex_fd, struct.pack("=I", index), struct.pack("=I", end.id))
+                elif any(q["handle"] == QP_MAJOR for q in ipr.get_qdiscs(index)):
+                    # classid 30:0, not 0: the program sets only the minor (port.c, qp_limiter)
+                    ipr.tc("add-filter", "bpf", index, ":1", fd=fds["qp_classify"], name="qp_classify",
+                           parent=QP_MAJOR, classid=QP_MAJOR, direct_action=True)
     finally:
         for fd in fds.values():
             os.close(fd)

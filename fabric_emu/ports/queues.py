@@ -8,21 +8,35 @@ Every shaped link end (switch port or host NIC) gets::
         class 1:13  prio 1, rate ~1/2,  ceil link           -> tbf 13:     priority 3, RoCE
         class 1:10  prio 1, rate ~1/2,  ceil link           -> bfifo 10:   priority 0, the rest
 
+and a host NIC's PFC gate holds per-queue-pair rate classes instead of a FIFO
+(fabric_emu.ports.qp_limiter)::
+
+        class 1:13 -> tbf 13: (the gate) -> class 13:1 -> htb 30: (default 0: direct queue)
+                                                           class 30:100 + k  rate = ceil = QP k's rate
+                                                             -> pfifo (default)
+
 A tc-BPF program on the port's egress hook puts each packet in its class by setting
 skb->priority to the class id (HTB takes skb->priority as the class when it names one of its
 leaves), so no tc classifier runs. HTB serves the lowest `prio` first when classes borrow, which
 makes the CNP class strict-priority; RoCE and the default class split the rest evenly when both
-are backlogged (ETS with equal weights, as NVIDIA's RoCE QoS profile does with DWRR 50%).
+are backlogged (ETS with equal weights, as NVIDIA's RoCE QoS profile does with DWRR 50%). On a
+host NIC, htb 30: has a filter, the qp_classify program, which picks queue pair k's class from
+the socket mark; packets without one (ACKs) wait in HTB's direct queue, which it serves first.
 
 The RoCE class's qdisc is a TBF used as a PFC gate (DESIGN.md §3): open, its rate is well above
 the link's and it never limits; closed, its rate is 64 bit/s, so it dequeues nothing and the
 class holds its packets while the other classes borrow the whole link. Changing a TBF resets its
 bucket, so one frame already granted tokens may still leave at the moment of the pause, like the
-frame a real MAC is transmitting when the pause arrives.
+frame a real MAC is transmitting when the pause arrives. Under a closed gate the queue pairs'
+packets wait in HTB 30:, one of them (the one the TBF peeked at) already charged to its class
+and set aside until the gate opens.
 
 The byte limits of the class FIFOs are a backstop: the BPF program does admission (tail drop
 per class, or per ingress port for the lossless class) on its own accounting, with the limits
-the plan gives, so these FIFOs are sized never to be the first to drop.
+the plan gives, so these FIFOs are sized never to be the first to drop. On a host NIC the TBF's
+limit no longer applies (the kernel sets it only on a FIFO child): what waits there is bounded
+by each queue pair's socket buffer and by the direct queue's DIRECT_QLEN packets. The TBF's
+statistics include everything below it, so class_stats reads the same RoCE backlog either way.
 """
 
 from __future__ import annotations
@@ -41,6 +55,7 @@ from pyroute2.netlink.rtnl.tcmsg import sched_tbf
 from pyroute2.netlink.rtnl.tcmsg.common import get_rate_parameters
 
 from fabric_emu import shaping
+from fabric_emu.ports import qp_limiter
 from fabric_emu.shaping import IPRoutePool, borrowed, link_index, netlink_fd_in
 
 PRIORITIES = (0, 3, 6)  # the classes every port has: default, RoCE (lossless), CNP
@@ -63,6 +78,9 @@ def class_id(prio: int) -> int:
 def qdisc_handle(prio: int) -> int:
     """Handle of the qdisc under a priority's class: 10:, 13:, 16:."""
     return (CLASS_MINOR_BASE + prio) << 16
+
+
+GATE_CLASS = qdisc_handle(LOSSLESS) | 1  # 13:1, the PFC gate's (TBF's) only class
 
 
 def _tbf_parameters(kwarg: dict) -> dict:
@@ -113,6 +131,7 @@ class PortQueues:
     mtu: int
     limits: dict[int, int]  # priority -> bytes
     netns: str | None = None
+    qp_classes: bool = False  # host NICs: per-queue-pair rate classes inside the PFC gate
 
 
 def _leaf_params(rate_Bps: int, ceil_Bps: int, frame: int, prio: int) -> dict[str, int]:
@@ -140,7 +159,8 @@ def _gate_params(link_Bps: int, frame: int, limit: int, is_open: bool) -> dict[s
 
 
 def shape_classes(port: PortQueues, *, pool: IPRoutePool | None = None) -> None:
-    """Replace the port's root qdisc with the class tree above (gate open)."""
+    """Replace the port's root qdisc with the class tree above (gate open; with
+    port.qp_classes, HTB 30: in the gate, without classes yet)."""
     link = max(shaping.MIN_RATE_BYTES_PER_S, round(port.rate_bps / 8))
     frame = port.mtu + shaping.ETH_HEADER
     with borrowed(pool) as p:
@@ -158,6 +178,12 @@ def shape_classes(port: PortQueues, *, pool: IPRoutePool | None = None) -> None:
             if prio == LOSSLESS:
                 ipr.tc("add", "tbf", index, qdisc_handle(prio), parent=class_id(prio),
                        **_gate_params(link, frame, limit, is_open=True))
+                if port.qp_classes:
+                    sock = netlink_socket(port.netns)
+                    try:
+                        qp_limiter.install(sock, index, GATE_CLASS)
+                    finally:
+                        sock.close()
             else:
                 ipr.tc("add", "bfifo", index, qdisc_handle(prio), parent=class_id(prio), limit=limit)
 

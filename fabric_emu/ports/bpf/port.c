@@ -3,7 +3,7 @@
  * fabric-emu switch and NIC ports: traffic classes, per-packet ECN marking, buffer accounting
  * and PFC threshold crossings, as tc (clsact, direct-action) programs.
  *
- * Three programs share the maps below (loaded once per run, pinned under
+ * The programs share the maps below (loaded once per run, pinned under
  * /sys/fs/bpf/fabric-emu/<run id>/):
  *
  *   switch_egress  every switch port, egress: picks the traffic class (skb->priority selects
@@ -16,6 +16,10 @@
  *                  is then charged to the port it enters by, and XOFF crossings signalled.
  *                  host_ingress (host NICs) does the same without the charge.
  *   host_egress    host NICs, egress: traffic class only.
+ *   qp_classify    host NICs, a filter of the per-queue-pair HTB inside the RoCE class's PFC
+ *                  gate (fabric_emu/ports/qp_limiter.py): a packet whose socket mark names a
+ *                  queue pair goes to that pair's rate class, anything else (ACKs, unmarked
+ *                  traffic) to the HTB's unshaped direct queue.
  *
  * How the far end knows which queue and which ingress port a frame was charged to: the
  * switch's first OpenFlow table writes the ingress port id into the source MAC
@@ -47,6 +51,7 @@
 #define PFC_OPCODE 0x0101
 #define HTB_MAJOR 0x10000
 #define CLASS_MINOR_BASE 0x10 /* class 1:10 + priority */
+#define QP_MINOR_BASE 0x100	/* queue pair k: mark and class minor 0x100 + k */
 #define TAG0 0x0e
 #define TAG1 0xfe
 
@@ -335,6 +340,24 @@ int host_egress(struct __sk_buff *skb)
 	if (data + sizeof(struct ethhdr) > end)
 		return TC_ACT_OK;
 	skb->priority = HTB_MAJOR | (CLASS_MINOR_BASE + (prio_of(data, end, &ip) & (NPRIO - 1)));
+	return TC_ACT_OK;
+}
+
+/* Direct action on HTB 30:, attached with classid 30:0 (it must be: see below). cls_bpf presets
+ * skb->tc_classid to the filter's classid, runs the program and hands HTB
+ * TC_H_MAJ(filter classid) | tc_classid; and tc_classid is 16 bits (qdisc_skb_cb; the verifier
+ * turns the store into a 16-bit one), so the program can only choose the minor. An unmarked
+ * packet comes out as 30:0, which HTB takes as "direct queue"; a marked one as 30:<mark>. A mark
+ * with no class (yet) falls back to HTB's default, 0: direct too. With classid 0 every packet
+ * would come out as 0:<mark>, no class of HTB 30:, and go direct (measured).
+ * skb->mark is the socket's SO_MARK; veth scrubs it on the way to the switch's namespace. */
+SEC("tc")
+int qp_classify(struct __sk_buff *skb)
+{
+	__u32 mark = skb->mark;
+
+	if (mark >= QP_MINOR_BASE && mark <= 0xffff)
+		skb->tc_classid = mark;
 	return TC_ACT_OK;
 }
 
