@@ -38,10 +38,14 @@ def _input_error(e: SpecError) -> None:
     raise typer.Exit(EXIT_INPUT)
 
 
-def load_checked(path: Path, sets: list[str]):
-    """Load an experiment and check names that need the plan (the workload's host names)."""
+def load_checked(path: Path, sets: list[str], measure: bool = False):
+    """Load an experiment and check names that need the plan (the workload's host names).
+
+    `dilation: auto` is resolved here, from this machine's cached capacity; `measure` allows
+    measuring it when there is no cache (root, about 10 s; see fabric_emu.capacity)."""
     spec = load_experiment(path, sets)
-    plan = build_plan(spec.topology)
+    auto = spec.topology.dilation == "auto"
+    plan = build_plan(spec.topology, dilation=1.0 if auto else None)
     w = spec.workload
     names = [h.name for h in plan.hosts]
     if w.type == "allreduce":
@@ -58,6 +62,10 @@ def load_checked(path: Path, sets: list[str]):
         if not flows:  # an incast from 'all' in a fabric of one host
             raise SpecError([(str(path), "workload.senders", f"'all' is nobody: {w.receiver} is the only host")])
         ranks = traffic.agent_hosts(flows, names)
+    if auto:
+        from fabric_emu.capacity import resolve_auto
+
+        spec, plan = resolve_auto(spec, plan, ranks, measure)
     if spec.timeout is None:
         line_rate_s = traffic.line_rate_s(w, ranks, names, plan.host_rate_bps(ranks[0]), plan.dilation)
         spec = spec.model_copy(update={"timeout": DEFAULT_TIMEOUT_BASE_S + 10 * line_rate_s})
@@ -81,11 +89,23 @@ def show(spec: Annotated[Path, typer.Argument(help="an experiment or topology YA
     """Validate a spec and print its plan (needs no root)."""
     from fabric_emu.show import print_plan
 
+    from fabric_emu.capacity import PROVISIONAL_DILATION, ProbeError
+
     try:
         if _is_topology_file(spec):
-            plan, ranks, exp = build_plan(load_topology(spec, set_ or [])), None, None
+            topo = load_topology(spec, set_ or [])
+            plan, ranks, exp = build_plan(topo, PROVISIONAL_DILATION if topo.dilation == "auto" else None), None, None
+            if topo.dilation == "auto":
+                plan.extra["dilation_auto"] = {
+                    "dilation": None, "provisional_dilation": PROVISIONAL_DILATION,
+                    "reason": "auto is chosen per experiment, from the packet rates its workload asks for"}
         else:
-            exp, plan, ranks = load_checked(spec, set_ or [])
+            try:  # as root, measure this machine if it was never measured (about 10 s)
+                exp, plan, ranks = load_checked(spec, set_ or [], measure=os.geteuid() == 0)
+            except ProbeError as e:
+                err.print(f"warning: cannot measure this machine for dilation: auto ({e})",
+                          markup=False, highlight=False)
+                exp, plan, ranks = load_checked(spec, set_ or [], measure=False)
     except SpecError as e:
         _input_error(e)
     print_plan(out, plan, exp, ranks)
@@ -96,6 +116,8 @@ def run(experiment: Annotated[Path, typer.Argument(help="experiment YAML file")]
         out_dir: Annotated[Path, typer.Option("--out", help="results base folder")] = Path("results"),
         set_: Annotated[Optional[list[str]], typer.Option("--set", help="override dotted.key=value")] = None) -> None:
     """Build the fabric, run the workload, collect counters, tear down, write results."""
+    from fabric_emu.capacity import ProbeError
+
     try:
         spec, plan, ranks = load_checked(experiment, set_ or [])
     except SpecError as e:
@@ -103,6 +125,12 @@ def run(experiment: Annotated[Path, typer.Argument(help="experiment YAML file")]
     if os.geteuid() != 0:
         err.print("error: fabric-emu run needs root (Mininet and Open vSwitch); try sudo")
         raise typer.Exit(EXIT_RUNTIME)
+    if plan.extra.get("dilation_auto", {}).get("provisional_dilation"):
+        try:  # dilation: auto, and this machine's capacity was not cached: measure it now
+            spec, plan, ranks = load_checked(experiment, set_ or [], measure=True)
+        except ProbeError as e:
+            err.print(f"error: dilation: auto: cannot measure this machine ({e})", markup=False)
+            raise typer.Exit(EXIT_RUNTIME)
     from fabric_emu.runner import Runner
 
     runner = Runner(spec, plan, ranks, out_dir, command=sys.argv, console=out)

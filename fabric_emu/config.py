@@ -68,6 +68,28 @@ class LinkSpec(Strict):
     gbps: float = Field(gt=0, le=1600, description="modelled link rate in Gb/s")
 
 
+MAX_DILATION = 1_000_000
+
+
+def _dilation(v: Any) -> Any:
+    """A number from 1 to MAX_DILATION, or 'auto' (left for fabric_emu.dilation to resolve)."""
+    if v == "auto":
+        return v
+    allowed = f"a number from 1 to {MAX_DILATION:,}, or auto"
+    if isinstance(v, bool):
+        raise ValueError(f"got {v!r} ({allowed})")
+    try:
+        d = float(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"got {v!r} ({allowed})") from None
+    if not 1 <= d <= MAX_DILATION:  # also rejects nan
+        raise ValueError(f"{v!r} is out of range ({allowed})")
+    return d
+
+
+Dilation = Annotated[Union[float, Literal["auto"]], BeforeValidator(_dilation)]
+
+
 class TopologySpec(Strict):
     name: str = Field(pattern=NAME_RE)
     kind: Literal["leaf-spine"]
@@ -76,7 +98,9 @@ class TopologySpec(Strict):
     hosts_per_leaf: int = Field(ge=1, le=200)
     host_link: LinkSpec = LinkSpec(gbps=100)
     fabric_link: LinkSpec = LinkSpec(gbps=100)
-    dilation: float = Field(default=2000, ge=1, le=1_000_000)
+    dilation: Dilation = Field(
+        default=2000.0, description="emulated = modelled / dilation; 'auto': the lowest that this "
+        "machine's measured capacity carries with a margin (fabric_emu.dilation)")
     mtu: int = Field(default=4200, ge=1280, le=9000, description="Ethernet MTU of every link")
     port_buffer: Bytes = Field(default=1_000_000, ge=10_000, le=1_000_000_000,
                                description="egress buffer per switch port, bytes")
@@ -279,6 +303,24 @@ class DcqcnSpec(Strict):
         return asdict(preset(self.preset, **overrides))
 
 
+class TransportSpec(Strict):
+    """RC reliability at every NIC (modelled times; they run x dilation).
+
+    ConnectX times out after 4.096 us x 2^timeout; applications often set timeout 14 (67 ms) and
+    NCCL 20 (4.3 s). Dilated, those would stall a lossy run for minutes on every lost tail (a NAK
+    is sent once per gap, so a retransmission lost again waits for the timer too). The default
+    is 2^10 (4.2 ms): above a chain of PFC pauses (one pause at 100 Gb/s lasts 335 us), which can
+    hold a packet in the fabric without losing it. Without PFC nothing holds a packet that long:
+    lossy scenarios set 2^6 (262 us), still far above a round trip with full queues. The timer
+    runs from when the NIC has sent everything it queued, as a NIC's runs from transmission.
+    """
+
+    ack_every: int = Field(default=16, ge=1, le=1024,
+                           description="in-order packets per coalesced ACK (and every message's last)")
+    retransmit_timeout: Seconds = Field(default=4.194304e-3, gt=0, le=60)
+    retry_limit: int = Field(default=7, ge=1, le=7, description="timeouts in a row before the QP fails")
+
+
 def resolve_thresholds(e: EcnSpec, p: PfcSpec, buf: int, need_headroom: int) -> tuple[int, int, int, int, int]:
     """(kmin, kmax, headroom, xoff, xon): the given values, or the defaults for this buffer."""
     kmax = e.kmax if e.kmax is not None else min(400_000, buf * 2 // 5)
@@ -303,6 +345,7 @@ class ExperimentSpec(Strict):
     pfc: PfcSpec = PfcSpec()
     congestion_control: Literal["dcqcn", "none"] = "dcqcn"
     dcqcn: DcqcnSpec = DcqcnSpec()
+    transport: TransportSpec = TransportSpec()
 
     @field_validator("load_balancing")
     @classmethod

@@ -193,11 +193,14 @@ class FabricPlan:
         )
 
 
-def build_plan(topo: TopologySpec) -> FabricPlan:
-    """Plan a leaf-spine fabric: every leaf connects to every spine."""
+def build_plan(topo: TopologySpec, dilation: float | None = None) -> FabricPlan:
+    """Plan a leaf-spine fabric: every leaf connects to every spine. `dilation` overrides the
+    topology's (which must be a number by now: fabric_emu.capacity resolves 'auto')."""
     if topo.kind != "leaf-spine":
         raise ValueError(f"unsupported kind {topo.kind}")
-    d = topo.dilation
+    d = topo.dilation if dilation is None else dilation
+    if d == "auto":
+        raise ValueError("dilation 'auto' is not resolved yet (fabric_emu.capacity.resolve_auto)")
     host_bps = topo.host_link.gbps * 1e9 / d
     fabric_bps = topo.fabric_link.gbps * 1e9 / d
     hpl = topo.hosts_per_leaf

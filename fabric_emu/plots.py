@@ -1,6 +1,6 @@
-"""PNG plots of a results folder: queue depth, PFC pauses and per-flow receive rates.
+"""PNG plots of a results folder: queue depth, PFC pauses, per-flow receive rates, DCQCN rates.
 
-`write_plots(run_dir)` reads only the files of the folder (queues.csv, pauses.csv,
+`write_plots(run_dir)` reads only the files of the folder (queues.csv, pauses.csv, rates.csv,
 agents/<host>.json, summary.json, experiment.yaml), so it also redraws an old run. A plot
 whose input is missing, empty or unreadable is skipped, never an error. Times are fabric
 (modelled) microseconds, rates modelled Gb/s, depths KB (1000 bytes).
@@ -238,10 +238,44 @@ def plot_flow_rates(run_dir: Path, out: Path) -> bool:
     return True
 
 
+def plot_dcqcn_rates(run_dir: Path, out: Path) -> bool:
+    """DCQCN's rate of each queue pair over time, from rates.csv (one step per change)."""
+    summary = _json(run_dir / "summary.json")
+    series: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for r in _rows(run_dir / "rates.csv"):
+        t, rate = _num(r.get("time_fabric_us")), _num(r.get("rate_gbps"))
+        if t is not None and rate is not None:
+            series[f"{r.get('host', '?')}\u2192{r.get('dst', '?')} qp{r.get('qpn', '?')}"].append((t, rate))
+    if not series:
+        return False
+    link = _num(summary.get("host_link_gbps"))
+    end = max(t for pts in series.values() for t, _ in pts)
+    shown = sorted(series.items(), key=lambda kv: (min(v for _, v in kv[1]), _natural(kv[0])))[:MAX_FLOWS]
+    fig, ax = plt.subplots(figsize=(12, 5))
+    for label, pts in shown:
+        pts.sort()
+        xs = [t for t, _ in pts] + [end]
+        ys = [v for _, v in pts] + [pts[-1][1]]
+        ax.plot(xs, ys, drawstyle="steps-post", label=label, linewidth=1)
+    if link:
+        ax.axhline(link, color="black", linestyle="--", linewidth=0.8, label=f"line rate {link:g} Gb/s")
+    more = f" (the {len(shown)} slowest of {len(series)})" if len(series) > len(shown) else ""
+    ax.set_title(f"DCQCN rate per queue pair{more}")
+    ax.set_xlabel("fabric time since GO (\u00b5s)")
+    ax.set_ylabel("rate (Gb/s, modelled)")
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.05)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    _save(fig, out)
+    return True
+
+
 PLOTS = {
     "queue_depth.png": plot_queue_depth,
     "pauses.png": plot_pauses,
     "flow_rates.png": plot_flow_rates,
+    "dcqcn_rates.png": plot_dcqcn_rates,
 }
 
 

@@ -26,7 +26,7 @@ from fabric_emu.fidelity import CpuMonitor
 from fabric_emu.plan import FabricPlan
 from fabric_emu.records import RunLock, RunRecord
 from fabric_emu.ports.report import pause_rows
-from fabric_emu.summary import build_summary, flow_rows, print_summary
+from fabric_emu.summary import build_summary, flow_rows, print_summary, rate_rows
 
 if TYPE_CHECKING:
     from fabric_emu.routed import RoutedFabric
@@ -56,6 +56,7 @@ class Runner:
         self.routed: RoutedFabric | None = None  # set before anything starts: teardown finds it
         self.traffic: dict = {}  # what the traffic phase measured, even if it was cut short
         self.captures: Captures | None = None
+        self.nic_info: dict = {}  # the NIC engines: how many, ready after, memory
 
     def say(self, msg: str) -> None:
         self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {msg}", highlight=False, soft_wrap=True)
@@ -130,12 +131,15 @@ class Runner:
             "command": self.command, "seed": self.spec.seed, "run_id": record.run_id,
             "start": results.iso(started), "end": results.iso(ended),
             "phases_s": {k: round(v, 3) for k, v in self.times.items()},
+            "nic_engines": self.nic_info,
             "dilation": self.plan.dilation, "status": summary["status"], "error": summary.get("error"),
         })
         if traffic.get("ports"):
             results.write_csv(run_dir / "ports.csv", [p.row(self.plan.dilation) for p in traffic["ports"]])
         if traffic.get("agents"):
             results.write_csv(run_dir / "flows.csv", flow_rows(self.plan, traffic["agents"]))
+            if rates := rate_rows(traffic["agents"], self.plan.dilation):
+                results.write_csv(run_dir / "rates.csv", rates)
         if traffic.get("queues"):
             results.write_csv(run_dir / "queues.csv", traffic["queues"])
         if traffic.get("thresholds"):
@@ -187,11 +191,11 @@ class Runner:
         before = counters.snapshot(self.plan, port_before)
         t = time.monotonic()
         cut_short: BaseException | None = None
-        with CpuMonitor() as cpu, counters.QueueSampler(self.plan, lossless.backlogs_now,
-                                                                  lossless.paused_now) as queues:
-            try:
+        with CpuMonitor(processes=self._watched()) as cpu, counters.QueueSampler(
+                self.plan, lossless.backlogs_now, lossless.paused_now) as queues:
+            try:  # the NIC engines register with cpu.watch as they start
                 agents = run_agents(self.spec, self.plan, self.ranks, self.routed.fabric, record,
-                                    workdir, self.say)
+                                    workdir, self.say, watch=cpu.watch, info=self.nic_info)
             except Interrupted as e:
                 agents, cut_short = getattr(e, "agent_stats", {}), e
         self.times["traffic"] = time.monotonic() - t
@@ -208,6 +212,17 @@ class Runner:
                         "traffic_start": t, "thresholds": lossless.installed(), "nics": nics}
         if cut_short is not None:
             raise cut_short
+
+    def _watched(self) -> dict[int, str]:
+        """The fabric's own processes whose threads the CPU monitor samples (ovs-vswitchd it
+        finds itself; the NIC engines register as they start)."""
+        procs = {}
+        if self.routed.ctrl is not None:
+            procs[self.routed.ctrl.pid] = "controller"
+        daemon = getattr(self.routed.ports, "daemon", None)
+        if daemon is not None:
+            procs[daemon.pid] = "pfc-daemon"
+        return procs
 
     def _tear_down(self, record: RunRecord, workdir: Path, run_dir: Path) -> None:
         t = time.monotonic()

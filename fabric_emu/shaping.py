@@ -35,10 +35,11 @@ from __future__ import annotations
 import errno
 import socket
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
+from typing import TypeVar
 
 from pyroute2 import IPRoute
 from pyroute2 import netns as pr_netns
@@ -46,6 +47,8 @@ from pyroute2.netlink import NETLINK_ROUTE
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl.tcmsg import plugins as tc_plugins
 from pyroute2.netlink.rtnl.tcmsg import sched_pfifo, tcmsg
+
+T = TypeVar("T")
 
 tc_plugins.setdefault("bfifo", sched_pfifo)
 
@@ -104,27 +107,35 @@ def open_iproute(netns: str | None = None) -> IPRoute:
     return IPRoute(fileno=netlink_fd_in(netns), nlm_echo=True)
 
 
-def netlink_fd_in(netns: str) -> int:
-    """Create a NETLINK_ROUTE socket inside netns and return its fd (never creates a netns)."""
-    result: list[int | BaseException] = []
+def run_in_netns(netns: str, fn: Callable[[], T]) -> T:
+    """Run fn in a fresh thread switched into netns (a name or a /proc/<pid>/ns/net path).
 
-    def create() -> None:
+    setns() switches only the calling thread; the thread dies afterwards, so none is left
+    behind in a foreign namespace (a pooled thread would be). Sockets fn creates stay in netns
+    wherever they are used from. Exceptions are re-raised in the caller's thread."""
+    result: list[T] = []
+    failure: list[BaseException] = []
+
+    def target() -> None:
         try:
             # flags=0: fail on a missing namespace instead of pyroute2's default O_CREAT.
             pr_netns.setns(netns, flags=0, fork=False)
-            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_ROUTE)
-            result.append(sock.detach())
-        except BaseException as exc:  # re-raised in the caller's thread
-            result.append(exc)
+            result.append(fn())
+        except BaseException as exc:
+            failure.append(exc)
 
-    # A fresh thread per namespace: it dies after the setns(), so no thread is left behind
-    # in a foreign namespace (a pooled thread would be).
-    worker = threading.Thread(target=create, name=f"netns-socket {netns}")
+    worker = threading.Thread(target=target, name=f"netns {netns}")
     worker.start()
     worker.join()
-    if isinstance(result[0], BaseException):
-        raise result[0]
+    if failure:
+        raise failure[0]
     return result[0]
+
+
+def netlink_fd_in(netns: str) -> int:
+    """Create a NETLINK_ROUTE socket inside netns and return its fd (never creates a netns)."""
+    return run_in_netns(netns, lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM,
+                                                     NETLINK_ROUTE).detach())
 
 
 class IPRoutePool:

@@ -21,6 +21,8 @@ def print_plan(out: Console, plan: FabricPlan, exp: ExperimentSpec | None, ranks
               f"{format_rate(fabric.emulated_bps * plan.dilation)} / {format_rate(fabric.emulated_bps)}; "
               f"oversubscription {plan.oversubscription:g}:1; MTU {plan.mtu} (RoCE {plan.roce_mtu}); "
               f"port buffer {plan.port_buffer} B")
+    if "dilation_auto" in plan.extra:
+        print_dilation_auto(out, plan.extra["dilation_auto"])
 
     t = Table("switch", "role", "dpid", "ports (port:peer)", title="switches")
     for sw in plan.switches:
@@ -101,3 +103,40 @@ def print_ports(out: Console, plan: FabricPlan, exp: ExperimentSpec) -> None:
         pause = pause_seconds(pfc.quanta, gbps, plan.dilation)
         out.print(f"a pause of {pfc.quanta} quanta lasts {pause / plan.dilation * 1e6:.2f} us at {gbps:g} Gb/s"
                   f" ({pause:.3f} s emulated), refreshed every half of it while a port stays above xon")
+
+
+def print_dilation_auto(out: Console, auto: dict) -> None:
+    """How `dilation: auto` was (or will be) chosen: planned packet rates against capacity."""
+    planned = auto.get("planned_at_dilation_1")
+    if auto.get("dilation") is None:
+        out.print(f"dilation auto: not chosen yet: {auto['reason']}; the figures below use the "
+                  f"provisional dilation {auto['provisional_dilation']:g}", soft_wrap=True, highlight=False)
+        if planned:
+            out.print(f"this workload asks for {planned['switch_pps']:,} frame-hops/s of switching and "
+                      f"{planned['nic_pps']:,} NIC packets/s (sent + received) at dilation 1; "
+                      "at dilation D, 1/D of that", soft_wrap=True, highlight=False)
+        return
+    d, cap, use = auto["dilation"], auto["capacity"], auto["utilisation"]
+    at_d = auto["planned_at_dilation"]
+    lines = [
+        f"dilation auto: {d:g}, the lowest of 1, 2, 5 x 10^k keeping each part of this machine at most "
+        f"{auto['margin']:.0%} busy (planned at dilation 1 -> at {d:g}, against the measured capacity):",
+        f"  OVS switching, one thread: {planned['switch_pps']:,} -> {at_d['switch_pps']:,} frame-hops/s, "
+        f"of {cap['ovs_pps_per_core']:,}/s per core: {use['ovs']:.0%}",
+        f"  NIC engines, {auto['engines']} on {cap['cores']} cores less OVS's {auto['ovs_cores']:g}: "
+        f"{planned['nic_pps']:,} -> {at_d['nic_pps']:,} packets/s sent + received, "
+        f"of {cap['nic_pps_per_core']:,}/s per core: {use['nic']:.0%}",
+        f"  busiest NIC engine (one process, one core): {use['busiest_engine']:.0%}",
+    ]
+    for line in lines:
+        out.print(line, soft_wrap=True, highlight=False, markup=False)
+    ovs = auto.get("capacity_details", {}).get("ovs", {})
+    nic = auto.get("capacity_details", {}).get("nic", {})
+    if ovs:
+        out.print(f"  OVS: {ovs['forwarded_pps']:,} frames/s of {ovs['frame_bytes']} B forwarded by thread "
+                  f"{ovs['thread']} at {ovs['thread_busy']:.0%} busy (offered {ovs['offered_pps']:,}/s"
+                  f"{'; the generator may have limited it' if ovs.get('generator_limited') else ''}); "
+                  f"a frame arriving alone costs it {cap['ovs_wakeup_us']:g} us", soft_wrap=True, highlight=False,
+                  markup=False)
+    if nic:
+        out.print(f"  NIC: {nic['what']}", soft_wrap=True, highlight=False, markup=False)

@@ -71,22 +71,31 @@ def ecmp_load(plan: FabricPlan, agents: dict[str, dict]) -> dict | None:
 
 
 def transport_totals(agents: dict[str, dict]) -> dict:
-    """What the receivers counted, against what the senders sent.
+    """What the NICs counted: delivery, RC recovery, ECN and DCQCN.
 
-    missing_packets are skipped PSNs that never arrived; a late packet filled its gap and is
-    one of out_of_order_packets instead (reordering is not loss).
+    RC delivers every byte in order or fails the QP, so loss shows as recovery work: NAKs
+    (go-back-N after a gap), timeouts (a lost tail) and the packets sent again. lost_packets
+    are data packets sent that no receiver saw (sent - accepted - discarded at the receiver).
     """
     recv = [q for a in agents.values() for q in a.get("recv_qps", [])]
     send = [q for a in agents.values() for q in a.get("send_qps", [])]
-    sent = sum(q["bytes"] for q in send)
+    acked = sum(q["bytes"] for q in send)
     received = sum(q["bytes"] for q in recv)
     rates = [q["min_rate_bps"] for q in send if q.get("min_rate_bps")]
+    sent_packets = sum(q["packets"] for q in send)
+    arrived = sum(q["packets"] + q.get("duplicates", 0) + q.get("out_of_sequence", 0) for q in recv)
     return {
-        "delivered_fraction": received / sent if sent else None,
+        "delivered_fraction": received / acked if acked else None,
         "bytes_received": received,
+        "packets_sent": sent_packets,
         "packets_received": sum(q["packets"] for q in recv),
-        "missing_packets": sum(q["missing"] for q in recv),
-        "out_of_order_packets": sum(q["out_of_order"] for q in recv),
+        "lost_packets": max(0, sent_packets - arrived),
+        "retransmitted_packets": sum(q.get("retransmitted", 0) for q in send),
+        "naks": sum(q.get("naks", 0) for q in send),
+        "timeouts": sum(q.get("timeouts", 0) for q in send),
+        "duplicates": sum(q.get("duplicates", 0) for q in recv),
+        "out_of_sequence": sum(q.get("out_of_sequence", 0) for q in recv),
+        "acks_sent": sum(q.get("acks_sent", 0) for q in recv),
         "ecn_ce_received": sum(q.get("ecn_ce", 0) for q in recv),
         # DCQCN: CNPs the receivers sent for CE marks, CNPs the senders got, the QPs it slowed
         "cnp_sent": sum(q.get("cnp_sent", 0) for q in recv),
@@ -94,6 +103,32 @@ def transport_totals(agents: dict[str, dict]) -> dict:
         "qps_rate_limited": sum(1 for q in send if q.get("rate_cuts")),
         "min_qp_rate_gbps": min(rates) / 1e9 if rates else None,
     }
+
+
+def nic_rows(agents: dict[str, dict]) -> dict[str, dict]:
+    """Per host: CNPs sent and received, and RC recovery counters."""
+    rows = {}
+    for h, a in agents.items():
+        send, recv = a.get("send_qps", []), a.get("recv_qps", [])
+        rows[h] = {"cnp_sent": sum(q.get("cnp_sent", 0) for q in recv),
+                   "cnp_received": sum(q.get("cnp_received", 0) for q in send),
+                   "retransmitted": sum(q.get("retransmitted", 0) for q in send),
+                   "naks": sum(q.get("naks", 0) for q in send),
+                   "timeouts": sum(q.get("timeouts", 0) for q in send)}
+    return rows
+
+
+def rate_rows(agents: dict[str, dict], dilation: float) -> list[dict]:
+    """Every DCQCN rate change of every send QP (rates.csv): time from GO, modelled rate."""
+    rows = []
+    for h, a in agents.items():
+        go = a.get("go") or 0.0
+        for q in a.get("send_qps", []):
+            for t, rate in q.get("rates") or []:
+                rows.append({"host": h, "qpn": q["qpn"], "dst": q["dst"], "flow": q.get("flow"),
+                             "time_s": round(t - go, 6), "time_fabric_us": round((t - go) / dilation * 1e6, 3),
+                             "rate_gbps": rate / 1e9})
+    return rows
 
 
 def goodput_gbps(nbytes: int, seconds: float, dilation: float) -> float:
@@ -155,13 +190,14 @@ def flows_metrics(flows: list[Flow], agents: dict[str, dict], dilation: float) -
     return out
 
 
-def pacing_ratio(pacing: dict, paused_s: float) -> float:
-    """Achieved over configured rate while the NIC was busy and allowed to send: time its RoCE
-    class spent paused by PFC is not the agent's fault."""
-    free_s = pacing["busy_s"] - paused_s
-    if free_s <= 0.1 * pacing["busy_s"]:
-        return 1.0  # paused nearly throughout: nothing left to judge the pacing by
-    return pacing["frame_bytes"] * 8 / free_s / pacing["rate_bps"]
+def engine_lateness(agents: dict[str, dict]) -> dict[int, float]:
+    """Per NIC engine: the fraction of its wake-ups that came more than a tick late."""
+    out = {}
+    for a in agents.values():
+        e = a.get("engine") or {}
+        if e.get("wakes"):
+            out[e["engine"]] = e["late_wakes"] / e["wakes"]
+    return out
 
 
 def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traffic: dict,
@@ -224,35 +260,41 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
         summary["pfc_reaction"] = reaction
     unexplained = 0
     if ports and agents:
-        # Packets receivers never got that no switch queue or socket counted as dropped.
-        unexplained = max(0, summary["transport"]["missing_packets"] - summary["switch"]["drops"])
+        # Data packets no receiver saw that no switch queue counted as dropped.
+        unexplained = max(0, summary["transport"]["lost_packets"] - summary["switch"]["drops"])
         summary["transport"]["unexplained_loss_packets"] = unexplained
-    missing = summary.get("transport", {}).get("missing_packets", 0)
-    if missing and summary["status"] in ("ok", "incomplete") and not summary.get("error"):
-        # Receivers close a message whose packets were lost so the schedule goes on (a flow's
-        # receiver waits for its bytes until the timeout); without RC retransmission (not
-        # emulated yet) the workload did not really complete.
-        summary["status"] = "incomplete"
-        summary["error"] = (f"{missing} packets never arrived and RC retransmission is not emulated "
-                            "yet: the times and bandwidths above include damaged messages")
+    if agents:
+        summary["transport"]["by_host"] = nic_rows(agents)
     cpu = traffic.get("cpu") or {}
-    paused = (traffic.get("nics") or {}).get("paused_s_by_host", {})
-    # An agent DCQCN slowed was meant to send below line rate: only the others show pacing.
-    pacing = [pacing_ratio(a["pacing"], paused.get(h, 0.0)) for h, a in agents.items()
-              if (a.get("pacing") or {}).get("achieved_bps")
-              and not any(q.get("rate_cuts") for q in a.get("send_qps", []))]
+    late = engine_lateness(agents)
     drops = summary.get("switch", {}).get("drops", 0)
-    warnings = verdict(cpu, pacing, unexplained, drops)
+    warnings = verdict(cpu, list(late.values()), unexplained, drops)
     if ports:
         ecn, pfc = settings_of(spec)
         link_Bps = max(ln.emulated_bps for ln in plan.links) / 8
         warnings += lossless_warnings(ports, asdict(ecn), pfc, reaction, link_Bps, plan.mtu + ETH_HEADER)
         warnings += daemon_warnings(traffic.get("pfc_daemon") or {})
     note = loss_note(unexplained, drops)
-    summary["fidelity"] = {**cpu, "agent_pacing_ratio_min": min(pacing) if pacing else None,
+    machine = {k: v for k, v in cpu.items() if k.startswith("cpu_")}
+    summary["fidelity"] = {**machine, "nic_engine_late_wakes_max": max(late.values()) if late else None,
                            "trusted": not warnings, "warnings": warnings,
                            "notes": [note] if note else []}
+    if cpu:
+        summary["cpu"] = cpu_section(cpu)
+    if "dilation_auto" in plan.extra:
+        summary["dilation_auto"] = plan.extra["dilation_auto"]
     return summary
+
+
+def cpu_section(cpu: dict) -> dict:
+    """summary.json's `cpu`: the machine (busy_mean, busy_max, saturated_fraction of all
+    cores), `threads`, the busiest thread of each watched process (busy fractions of one
+    core), busiest first, and OVS's average output batch (packets waiting at each poll)."""
+    return {"cores": cpu.get("cores"), "samples": cpu.get("samples"), "interval_s": cpu.get("interval_s"),
+            "busy_mean": cpu.get("cpu_busy_mean"), "busy_max": cpu.get("cpu_busy_max"),
+            "saturated_fraction": cpu.get("cpu_saturated_fraction"),
+            "watched": cpu.get("watched", []), "threads": cpu.get("threads", []),
+            "ovs_output_batch": cpu.get("ovs_output_batch")}
 
 
 def flow_rows(plan: FabricPlan, agents: dict[str, dict]) -> list[dict]:
@@ -276,8 +318,10 @@ def flow_rows(plan: FabricPlan, agents: dict[str, dict]) -> list[dict]:
                 "dest_qpn": q["remote_qpn"], "udp_src": q["udp_src"],
                 "bytes": q["bytes"], "packets": q["packets"],
                 "duration_s": (last - first) if first and last else None,
-                "rx_bytes": r.get("bytes"), "rx_missing": r.get("missing"),
-                "rx_out_of_order": r.get("out_of_order"), "rx_ecn_ce": r.get("ecn_ce"),
+                "rx_bytes": r.get("bytes"), "rx_duplicates": r.get("duplicates"),
+                "rx_out_of_sequence": r.get("out_of_sequence"), "rx_ecn_ce": r.get("ecn_ce"),
+                "retransmitted": q.get("retransmitted", 0), "naks": q.get("naks", 0),
+                "timeouts": q.get("timeouts", 0),
                 "start_s": first - go if first and go else None,
                 "completion_s": done,
                 "completion_fabric_us": done / plan.dilation * 1e6 if done else None,
@@ -333,9 +377,9 @@ def print_summary(out: Console, s: dict, run_dir: Path) -> None:
                       f"{sw['paused_fabric_us'] * s['dilation'] / 1e6:.3f} s")
             t.add_row("lossless-class drops", f"{sw['lossless_drops']:,}", "")
     if "transport" in s:
-        t.add_row("missing / out-of-order pkts",
-                  f"{s['transport']['missing_packets']} / {s['transport']['out_of_order_packets']}", "")
         tr = s["transport"]
+        t.add_row("RC: retransmitted pkts / NAKs / timeouts",
+                  f"{tr['retransmitted_packets']:,} / {tr['naks']:,} / {tr['timeouts']:,}", "")
         t.add_row("CE received / CNPs sent / received",
                   f"{tr['ecn_ce_received']:,} / {tr['cnp_sent']:,} / {tr['cnp_received']:,}", "")
         if tr["min_qp_rate_gbps"] is not None:
@@ -344,6 +388,9 @@ def print_summary(out: Console, s: dict, run_dir: Path) -> None:
     fid = s.get("fidelity", {})
     if fid.get("cpu_busy_max") is not None:
         t.add_row("CPU busy (mean / max)", f"{fid['cpu_busy_mean']:.0%} / {fid['cpu_busy_max']:.0%}", "")
+    for th in s.get("cpu", {}).get("threads", [])[:3]:
+        t.add_row(f"busiest thread: {th['label']} ({th['thread']})",
+                  f"{th['busy_mean']:.0%} / {th['busy_max']:.0%} of a core", "")
     out.print(t)
     if 0 < len(s.get("flows", [])) <= MAX_FLOWS_SHOWN:
         out.print(_flows_table(s["flows"]))
@@ -351,6 +398,9 @@ def print_summary(out: Console, s: dict, run_dir: Path) -> None:
         out.print(f"[yellow]fidelity warning:[/] {w}", soft_wrap=True)
     for n in fid.get("notes", []):
         out.print(f"note: {n}", soft_wrap=True)
+    if auto := s.get("dilation_auto"):
+        out.print(f"dilation {s['dilation']:g} was chosen automatically: {auto.get('reason', '')}",
+                  soft_wrap=True, highlight=False)
     out.print(f"results: {run_dir}", soft_wrap=True)
 
 

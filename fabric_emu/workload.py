@@ -1,12 +1,15 @@
-"""Drive the host agents of one run: start them in their hosts, start them together, collect.
+"""Drive the NICs of one run: a few engine processes serve every host; start them together.
 
-Protocol (see fabric_emu.agent): each agent prints READY once its sockets are open, waits for
-a `GO <epoch>` line, runs its schedule, writes its stats file and prints DONE.
+Protocol (see fabric_emu.agent.main): each engine prints READY once every host's sockets are
+open, waits for a `GO <epoch>` line, runs its hosts' schedules, writes one stats file per host
+and prints DONE. One engine per core (at most one per host): an idle host costs an engine
+almost nothing, and the engines split the busy ones.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import select
 import subprocess
 import sys
@@ -15,13 +18,16 @@ from pathlib import Path
 from typing import Callable
 
 from fabric_emu import traffic
-from fabric_emu.agent.config import AgentConfig, DcqcnConfig, FlowConfig, FlowsConfig, RankInfo, RingConfig
+from fabric_emu.agent.config import (AgentConfig, DcqcnConfig, EngineConfig, FlowConfig, FlowsConfig,
+                                     RankInfo, RingConfig, TransportConfig)
 from fabric_emu.config import AllReduceWorkload, ExperimentSpec
 from fabric_emu.plan import FabricPlan
 from fabric_emu.records import RunRecord
 
-START_DELAY_S = 0.5  # between GO and the common start time, so every agent is waiting
+START_DELAY_S = 0.5  # between GO and the common start time, so every engine is waiting
 READY_TIMEOUT_S = 30.0
+TICK_PACKETS = 8  # packets a QP may send at line rate between two engine wake-ups
+MIN_TICK_S, MAX_TICK_S = 2e-3, 20e-3
 
 
 def agent_workload(spec: ExperimentSpec, plan: FabricPlan) -> RingConfig | FlowsConfig:
@@ -35,18 +41,48 @@ def agent_workload(spec: ExperimentSpec, plan: FabricPlan) -> RingConfig | Flows
                    start_s=f.start_s * plan.dilation) for f in flows))
 
 
-def agent_configs(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], workdir: Path) -> list[AgentConfig]:
+def agent_configs(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], workdir: Path,
+                  netns_of: Callable[[str], str | None] = lambda _h: None) -> list[AgentConfig]:
     infos = tuple(RankInfo(name=h, ip=plan.host_by_name[h].ip, index=i) for i, h in enumerate(ranks))
     workload = agent_workload(spec, plan)
+    t = spec.transport
+    transport = TransportConfig(ack_every=t.ack_every, rto_s=t.retransmit_timeout * plan.dilation,
+                                retry_limit=t.retry_limit)
     return [
         AgentConfig(
             host=h, ip=plan.host_by_name[h].ip, rate_bps=plan.host_rate_bps(h), roce_mtu=plan.roce_mtu,
             ranks=infos, rank=i, workload=workload,
             seed=spec.seed, stats_path=str(workdir / f"agent-{h}.json"), timeout_s=spec.timeout,
-            dcqcn=dcqcn_config(spec, plan, h),
+            dcqcn=dcqcn_config(spec, plan, h), transport=transport, netns=netns_of(h),
+            ifname=plan.host_by_name[h].intf, link_mtu=plan.mtu,
         )
         for i, h in enumerate(ranks)
     ]
+
+
+def tick_s(plan: FabricPlan) -> float:
+    """The engines' longest sleep while packets wait: TICK_PACKETS full frames at the slowest
+    host's line rate, within [MIN_TICK_S, MAX_TICK_S] (the QP socket buffers hold two ticks)."""
+    frame_bits = (plan.mtu + 14) * 8
+    rate = min(plan.host_rate_bps(h.name) for h in plan.hosts)
+    return min(MAX_TICK_S, max(MIN_TICK_S, TICK_PACKETS * frame_bits / rate))
+
+
+def drain_s(plan: FabricPlan) -> float:
+    """How long the last packets may still be in flight when every NIC is done: a port buffer
+    at the slowest link rate, per switch hop, plus the socket buffers (two ticks)."""
+    rate = min(plan.host_rate_bps(h.name) for h in plan.hosts)
+    return min(5.0, 3 * plan.port_buffer * 8 / rate + 2 * tick_s(plan) + 0.05)
+
+
+def engine_count(hosts: int) -> int:
+    return max(1, min(hosts, os.cpu_count() or 1))
+
+
+def engine_configs(cfgs: list[AgentConfig], tick: float, engines: int) -> list[EngineConfig]:
+    """Hosts dealt round-robin over the engines (neighbours in a ring land on different ones)."""
+    return [EngineConfig(engine=e, tick_s=tick, hosts=tuple(cfgs[e::engines]))
+            for e in range(engines) if cfgs[e::engines]]
 
 
 def dcqcn_config(spec: ExperimentSpec, plan: FabricPlan, host: str) -> DcqcnConfig | None:
@@ -78,13 +114,18 @@ def _read_line(proc: subprocess.Popen, deadline: float) -> str | None:
 
 
 def run_agents(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], fabric, record: RunRecord,
-               workdir: Path, say: Callable[[str], None]) -> dict[str, dict]:
-    """Run every rank's agent to completion (or timeout); returns stats by host name."""
+               workdir: Path, say: Callable[[str], None], watch: Callable[[int, str], None] | None = None,
+               info: dict | None = None) -> dict[str, dict]:
+    """Run every rank's NIC to completion (or timeout); returns stats by host name.
+
+    watch(pid, label), when given, is told each engine process (the fidelity monitor samples it);
+    info, when given, gets the engines' count, start-up time and memory."""
     procs: dict[str, subprocess.Popen] = {}
     try:
-        _start_and_wait(spec, plan, ranks, fabric, record, workdir, say, procs)
+        _start_and_wait(spec, plan, ranks, fabric, record, workdir, say, procs, watch,
+                        info if info is not None else {})
     except BaseException as e:
-        # Interrupted or failed: agents still write what they measured; keep it for the report.
+        # Interrupted or failed: engines still write what they measured; keep it for the report.
         _stop(procs)
         e.agent_stats = _collect(ranks, workdir)  # type: ignore[attr-defined]
         raise
@@ -94,24 +135,35 @@ def run_agents(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], fabric,
 
 def _start_and_wait(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], fabric,
                     record: RunRecord, workdir: Path, say: Callable[[str], None],
-                    procs: dict[str, subprocess.Popen]) -> None:
-    cfgs = agent_configs(spec, plan, ranks, workdir)
+                    procs: dict[str, subprocess.Popen],
+                    watch: Callable[[int, str], None] | None, info: dict) -> None:
+    cfgs = agent_configs(spec, plan, ranks, workdir, fabric.netns_of)
     for a, b in unchecked_pairs(cfgs[0].workload, ranks):
         # A first packet to an unresolved neighbour waits in a small kernel queue (or is lost).
         fabric.check_reachable([a, b])
-    for cfg in cfgs:
-        path = workdir / f"agent-{cfg.host}.config.json"
-        path.write_text(cfg.to_json())
-        with open(workdir / f"agent-{cfg.host}.log", "w") as log:
-            procs[cfg.host] = fabric.host(cfg.host).popen(
+    engines = engine_configs(cfgs, tick_s(plan), engine_count(len(cfgs)))
+    started = time.monotonic()
+    for ec in engines:
+        name = f"engine{ec.engine}"
+        path = workdir / f"{name}.config.json"
+        path.write_text(ec.to_json())
+        with open(workdir / f"{name}.log", "w") as log:
+            procs[name] = subprocess.Popen(
                 [sys.executable, "-m", "fabric_emu.agent", str(path)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1)
-        record.add_process(procs[cfg.host].pid, f"agent {cfg.host}")
+        record.add_process(procs[name].pid, f"nic {name}")
+        if watch is not None:
+            watch(procs[name].pid, f"nic {name}")
 
     deadline = time.time() + READY_TIMEOUT_S
-    for host, p in procs.items():
+    for name, p in procs.items():
         if _read_line(p, deadline) != "READY":
-            raise RuntimeError(f"agent on {host} did not start (see logs/agent-{host}.log)")
+            raise RuntimeError(f"NIC {name} did not start (see logs/{name}.log)")
+    rss = [_rss_bytes(p.pid) for p in procs.values()]
+    info.update(engines=len(procs), hosts=len(cfgs), ready_s=round(time.monotonic() - started, 3),
+                rss_bytes=sum(rss), rss_bytes_per_host=round(sum(rss) / len(cfgs)))
+    say(f"{len(cfgs)} NICs ready in {info['ready_s']:.1f}s ({len(procs)} engine process"
+        f"{'es' if len(procs) > 1 else ''}, {sum(rss) / len(cfgs) / 1e6:.1f} MB per host)")
 
     go = time.time() + START_DELAY_S
     for p in procs.values():
@@ -119,13 +171,33 @@ def _start_and_wait(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], fa
         p.stdin.flush()
     say(f"traffic: {spec.workload.type} over {len(ranks)} hosts started")
 
-    deadline = go + spec.timeout + 5.0  # agents enforce the timeout; this is the backstop
-    for host, p in procs.items():
-        _read_line(p, deadline)  # DONE, or None when the agent gave up
+    deadline = go + spec.timeout + 5.0  # engines enforce the timeout; this is the backstop
+    for p in procs.values():
+        _read_line(p, deadline)  # DONE, or None when the engine gave up
+    # Every engine is done (or gave up): let what is still in flight land and be counted.
+    time.sleep(drain_s(plan))
+    for p in procs.values():
         try:
-            p.wait(timeout=max(0.1, deadline - time.time()))
+            p.stdin.write("STOP\n")
+            p.stdin.flush()
+        except OSError:
+            pass  # it has exited already
+    for p in procs.values():
+        try:
+            p.wait(timeout=max(5.0, deadline - time.time()))
         except subprocess.TimeoutExpired:
             p.kill()
+
+
+def _rss_bytes(pid: int) -> int:
+    """Resident memory of a process (0 if it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def _stop(procs: dict[str, subprocess.Popen]) -> None:

@@ -105,6 +105,14 @@ class DcqcnConfig(_Frozen):
     line_rate_bps: float = Field(gt=0)
 
 
+class TransportConfig(_Frozen):
+    """RC reliability at this NIC, in EMULATED seconds (the spec's modelled times x dilation)."""
+
+    ack_every: int = Field(default=16, ge=1, description="in-order packets per coalesced ACK")
+    rto_s: float = Field(default=1.0, gt=0, description="retransmission timeout")
+    retry_limit: int = Field(default=7, ge=1)
+
+
 class AgentConfig(_Frozen):
     host: str
     ip: IPv4
@@ -117,6 +125,10 @@ class AgentConfig(_Frozen):
     stats_path: str
     timeout_s: float = Field(gt=0)
     dcqcn: Optional[DcqcnConfig] = None  # None: no congestion control (CE marks are only counted)
+    transport: TransportConfig = TransportConfig()
+    netns: Optional[str] = None  # the host's namespace (/proc/<pid>/ns/net); None: this one
+    ifname: str = "eth0"  # the host's NIC inside its namespace (its per-QP rate classes)
+    link_mtu: int = Field(default=9000, ge=576, description="the link's IP MTU")
 
     @model_validator(mode="after")
     def _ring_is_consistent(self) -> "AgentConfig":
@@ -148,7 +160,30 @@ class AgentConfig(_Frozen):
         try:
             return cls.model_validate_json(text, strict=False)
         except ValidationError as e:
-            err = e.errors(include_url=False)[0]
-            where = ".".join(str(p) for p in err["loc"])
-            msg = err["msg"].removeprefix("Value error, ")
-            raise ConfigError(f"{where}: {msg}" if where else msg) from None
+            raise ConfigError(_first_error(e)) from None
+
+
+class EngineConfig(_Frozen):
+    """One NIC engine process: the hosts it serves (fabric_emu.agent.engine)."""
+
+    engine: int = Field(ge=0)
+    tick_s: float = Field(gt=0, description="longest sleep while packets wait for socket room")
+    hosts: tuple[AgentConfig, ...] = Field(min_length=1)
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "EngineConfig":
+        """Parse and validate; the first problem becomes a one-line ConfigError."""
+        try:
+            return cls.model_validate_json(text, strict=False)
+        except ValidationError as e:
+            raise ConfigError(_first_error(e)) from None
+
+
+def _first_error(e: ValidationError) -> str:
+    err = e.errors(include_url=False)[0]
+    where = ".".join(str(p) for p in err["loc"])
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{where}: {msg}" if where else msg

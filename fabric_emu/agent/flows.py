@@ -3,8 +3,8 @@
 Every agent gets the same flow list; a host sends the flows whose src it is and receives those
 whose dst it is. Each iteration of a flow is one RDMA WRITE message per queue pair (the flow's
 size split evenly over them). Iterations run back to back without a barrier: iteration i+1 is
-posted as soon as every message of iteration i has left this NIC. The agent has finished when
-everything it sends has left and every receive QP has completed the messages it expects.
+posted as soon as every message of iteration i has left this NIC. The host has finished when
+everything it sends is acknowledged and every receive QP has completed the messages it expects.
 Progress is read off the NIC's per-QP message counters, as for the ring.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fabric_emu.agent.config import FlowConfig
-from fabric_emu.agent.nic import Nic
+from fabric_emu.agent.nic import HostNic
 from fabric_emu.collectives import split_even
 
 
@@ -38,10 +38,7 @@ class _Sending:
     log: dict
     posted: int = 0  # iterations handed to the NIC
     sent: int = 0  # iterations whose every message has left
-
-    @property
-    def done(self) -> bool:
-        return self.sent == self.cfg.iterations
+    done: bool = False  # every message of every iteration acknowledged
 
 
 @dataclass
@@ -54,7 +51,7 @@ class _Receiving:
 
 
 class FlowRunner:
-    def __init__(self, flows: Sequence[FlowConfig], host: str, nic: Nic, go: float):
+    def __init__(self, flows: Sequence[FlowConfig], host: str, nic: HostNic, go: float):
         """go: the common start (epoch seconds) that every flow's start_s counts from."""
         send, recv = own_qps(flows, host)
         if len(send) != len(nic.send_qps) or len(recv) != len(nic.recv_qps):
@@ -95,15 +92,19 @@ class FlowRunner:
         for s in self._sending:
             if s.done:
                 continue
-            left = min(send_qps[i].messages_done for i in s.qps)
+            left = min(send_qps[i].messages_sent for i in s.qps)
             if left > s.sent:
                 for it in s.log["iterations"][s.sent:left]:
                     it["sent"] = now
                 s.sent = left
-                if s.done:
+                if s.sent == s.cfg.iterations:
                     s.log["sent"] = now
+            if s.sent == s.cfg.iterations:
+                if min(send_qps[i].messages_done for i in s.qps) >= s.cfg.iterations:
+                    s.done = True  # a flow ends when its last WRITE is acknowledged
+                    s.log["acked"] = now
                     self._unfinished -= 1
-                    continue
+                continue
             if s.posted == s.sent and now >= s.start:
                 for i, nbytes in zip(s.qps, self._parts[s.flow]):
                     self.nic.post_write(i, nbytes, now)

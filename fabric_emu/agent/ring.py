@@ -2,18 +2,20 @@
 
 The n-th message completed on every queue pair from the left neighbour is global step n, so
 progress is read off the NIC's per-QP message counters; no per-packet callbacks are needed.
+A step counts as sent when its last packet has left (what the schedule waits for); the rank
+has finished only when every message it sent is acknowledged, as an RDMA completion says.
 """
 
 from __future__ import annotations
 
-from fabric_emu.agent.nic import Nic
+from fabric_emu.agent.nic import HostNic
 from fabric_emu.collectives import RingAllReduce
 
 
 class RingRunner:
     wake_at = None  # every step waits for data or for the NIC, never for the clock
 
-    def __init__(self, schedule: RingAllReduce, nic: Nic):
+    def __init__(self, schedule: RingAllReduce, nic: HostNic):
         if len(nic.send_qps) != schedule.qps_per_peer or len(nic.recv_qps) != schedule.qps_per_peer:
             raise ValueError("the NIC must have qps_per_peer send and receive QPs")
         self.schedule = schedule
@@ -21,18 +23,20 @@ class RingRunner:
         self._total = schedule.total_steps
         self.posted = 0  # global steps handed to the NIC
         self.sent = 0  # global steps whose last packet has left
+        self.acked = 0  # global steps whose every message is acknowledged
         self.received = 0  # global steps completed on every QP from the left neighbour
         self.step_log = [self._log_entry(g) for g in range(self._total)]
         self.iteration_log: list[dict] = []
 
     @property
     def finished(self) -> bool:
-        return self.sent == self._total and self.received == self._total
+        return self.acked == self._total and self.received == self._total
 
     def advance(self, now: float) -> None:
         """Record what completed and post every step that may start now (called every loop)."""
         received = min(min([rq.messages for rq in self.nic.recv_qps]), self._total)
-        sent = min([sq.messages_done for sq in self.nic.send_qps])
+        sent = min([sq.messages_sent for sq in self.nic.send_qps])
+        self.acked = min([sq.messages_done for sq in self.nic.send_qps])
         if received > self.received or sent > self.sent:
             self._record(received, sent, now)
         while self.posted < self._total and self.schedule.may_start(

@@ -38,7 +38,7 @@ def test_clean_after_kill_9(tmp_path):
                            env={**os.environ, "COLUMNS": "200"})
     try:
         wait_for_line(run, "traffic:", timeout=120)
-        time.sleep(1.0)  # agents are sending
+        time.sleep(1.0)  # the NICs are sending
         (record_path,) = RUNS_DIR.glob("*.json")
         record = RunRecord.load(record_path)
         run.send_signal(signal.SIGKILL)
@@ -47,11 +47,11 @@ def test_clean_after_kill_9(tmp_path):
         if run.poll() is None:
             run.kill()
 
-    # The run is gone but what it made is not: bridges, fabric links, controller and agents.
+    # The run is gone but what it made is not: bridges, fabric links, controller and NIC engines.
     assert our_bridges()
     alive = [p for p in record.processes if p.alive()]
     assert any(p.role == "controller" for p in alive)
-    assert any(p.role.startswith("agent") for p in alive)
+    assert any(p.role.startswith("nic engine") for p in alive)
 
     (run_dir,) = list((tmp_path / "out" / "quickstart").iterdir())
     assert read_json(run_dir / "summary.json")["status"] == "incomplete"  # says it did not finish

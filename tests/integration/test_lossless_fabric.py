@@ -1,13 +1,16 @@
-"""Lossless RoCE through `fabric-emu run`, judged on switch counters, captures and receivers.
+"""Lossless and lossy RoCE through `fabric-emu run`, judged on switch counters, captures,
+receivers and senders.
 
 incast.yaml: 7 senders onto h1 over 2 leaves with a 500 KB port buffer, PFC and ECN at their
-defaults. incast-lossy.yaml: the same with PFC off. victim-flow.yaml: a flow to an idle host
-that shares a link with an incast.
+defaults, DCQCN off. dcqcn-incast.yaml: the same with DCQCN. incast-lossy.yaml: PFC off, a
+200 KB buffer, RC go-back-N. victim-flow.yaml: a flow to an idle host that shares a link with an
+incast. convergence.yaml: two long flows into one host under DCQCN.
 """
 
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -25,9 +28,13 @@ def incast(tmp_path_factory):
     return run_shipped(tmp_path_factory, "incast", CAPTURE)
 
 
+# Everything h1 sends and receives, headers only: data, and h1's ACKs, NAKs and CNPs.
+RECEIVER_CAPTURE = "capture={ports: [leaf1-eth1], packets: 20000, snaplen: 96}"
+
+
 @pytest.fixture(scope="module")
 def lossy(tmp_path_factory):
-    return run_shipped(tmp_path_factory, "incast-lossy")
+    return run_shipped(tmp_path_factory, "incast-lossy", RECEIVER_CAPTURE)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +55,8 @@ def test_incast_with_pfc_loses_nothing_and_pauses_spread_upstream(incast):
     s = read_json(run_dir / "summary.json")
     assert s["status"] == "ok", s.get("error")
     assert s["switch"]["lossless_drops"] == 0 and s["switch"]["drops"] == 0, (s["switch"], s.get("pfc_reaction"))
-    assert s["transport"]["delivered_fraction"] == 1.0 and s["transport"]["missing_packets"] == 0
+    t = s["transport"]
+    assert t["delivered_fraction"] == 1.0 and t["lost_packets"] == 0 and t["retransmitted_packets"] == 0
     ports = read_csv(run_dir / "ports.csv")
     sent = by_switch(ports, "pause_tx_p3")
     assert sent["leaf1"] > 0, sent  # the receiver's leaf pauses its senders and the spines...
@@ -82,15 +90,48 @@ def test_pause_frames_decode_in_tshark(incast):
     assert {t for _, _, t in frames} >= {"65535"}  # pauses (resumes carry 0)
 
 
-def test_incast_without_pfc_drops_on_the_congested_port_and_says_so(lossy):
+def test_lossy_incast_completes_with_go_back_n(lossy):
     run_dir, r = lossy
-    assert r.returncode == 1
+    assert r.returncode == 0, r.stdout + r.stderr
     s = read_json(run_dir / "summary.json")
-    assert s["status"] == "incomplete" and "never arrived" in s["error"]
+    assert s["status"] == "ok", s.get("error")
     assert s["switch"]["pause_tx"] == 0 and s["switch"]["lossless_drops"] == 0
     (port,) = [p for p in read_csv(run_dir / "ports.csv") if p["intf"] == "leaf1-eth1"]
-    assert int(port["drops_p3"]) > 0
-    assert s["transport"]["delivered_fraction"] < 1.0
+    drops = int(port["drops_p3"])
+    assert drops > 0  # the 200 KB queue to h1 overflowed
+    t = s["transport"]
+    assert t["delivered_fraction"] == 1.0 and t["bytes_received"] == s["bytes_planned"]
+    # every packet the fabric lost was lost at a counted queue (but the few OVS discards
+    # uncounted with a refused batch, fidelity.loss_note), and was sent again
+    assert t["lost_packets"] >= s["switch"]["drops"] >= drops
+    assert t["unexplained_loss_packets"] <= 0.02 * s["switch"]["drops"] + 2
+    assert t["retransmitted_packets"] >= t["lost_packets"] and t["naks"] > 0
+    assert s["aggregate_goodput_gbps"] > 0
+    rows = read_csv(run_dir / "flows.csv")
+    assert sum(int(row["retransmitted"]) for row in rows) == t["retransmitted_packets"]
+
+
+def tshark_fields(pcap: Path, *fields: str, display_filter: str = "infiniband") -> list[list[str]]:
+    out = subprocess.run(["tshark", "-r", str(pcap), "-Y", display_filter, "-T", "fields",
+                          *[a for f in fields for a in ("-e", f)]],
+                         capture_output=True, text=True, check=True).stdout
+    return [line.split("\t") for line in out.splitlines() if line]
+
+
+def test_data_acks_and_naks_decode_in_tshark_with_valid_icrc(lossy):
+    from fabric_emu import roce
+    from scapy.utils import rdpcap
+
+    run_dir, _ = lossy
+    pcap = run_dir / "capture-leaf1-eth1.pcap"
+    rows = tshark_fields(pcap, "infiniband.bth.opcode", "infiniband.aeth.syndrome")
+    opcodes = {int(op, 0) for op, _ in rows}
+    assert {0x06, 0x07, 0x08} <= opcodes or 0x0A in opcodes  # RDMA WRITE FIRST/MIDDLE/LAST (ONLY)
+    syndromes = {int(syn, 0) for op, syn in rows if int(op, 0) == 0x11}
+    assert syndromes == {0x1F, 0x60}, syndromes  # coalesced ACKs and PSN-sequence NAKs
+    # the ICRC of the ACKs and NAKs (captured whole), with the IP header the kernel really wrote
+    whole = [bytes(p)[14:] for p in rdpcap(str(pcap)) if p.wirelen == len(p)]
+    assert len(whole) >= 10 and all(roce.check_icrc_ipv4(ip) for ip in whole)
 
 
 def rate_gbps(series: list[list[float]], go: float, a_s: float, b_s: float, dilation: float) -> float:
@@ -127,7 +168,7 @@ def test_victim_slows_only_while_pfc_pauses_its_link(victim):
 
 @pytest.fixture(scope="module")
 def dcqcn(tmp_path_factory):
-    return run_shipped(tmp_path_factory, "dcqcn-incast")
+    return run_shipped(tmp_path_factory, "dcqcn-incast", "capture={ports: [leaf1-eth1], packets: 2000}")
 
 
 def test_dcqcn_receivers_send_cnps_for_marks_and_senders_slow_down(dcqcn):
@@ -150,3 +191,66 @@ def test_dcqcn_receivers_send_cnps_for_marks_and_senders_slow_down(dcqcn):
     # CNPs ride the strict-priority class: the switches forwarded them as priority 6
     ports = read_csv(run_dir / "ports.csv")
     assert sum(int(p["drops_p6"]) for p in ports) == 0
+
+
+def test_dcqcn_halves_the_pauses_and_keeps_the_queue_short(dcqcn, incast):
+    (run_dir, _), (pfc_dir, _) = dcqcn, incast
+    s, pfc = read_json(run_dir / "summary.json"), read_json(pfc_dir / "summary.json")
+    assert pfc["switch"]["pause_tx"] > 0
+    assert s["switch"]["pause_tx"] <= 0.5 * pfc["switch"]["pause_tx"], (s["switch"], pfc["switch"])
+    # the congested queue (leaf1 -> h1, lossless class) stays below kmax most of the time
+    kmax = int(next(r for r in read_csv(run_dir / "thresholds.csv") if r["intf"] == "leaf1-eth1")["kmax"])
+    depths = [int(r["p3_bytes"]) for r in read_csv(run_dir / "queues.csv")
+              if r["switch"] == "leaf1" and r["peer"] == "h1" and 0 <= float(r["t_s"]) <= s["jct_s"]]
+    assert len(depths) >= 10 and max(depths) > 0
+    assert sum(d < kmax for d in depths) >= 0.5 * len(depths), (kmax, depths)
+
+
+def test_every_sender_is_cut_and_recovers(dcqcn):
+    run_dir, _ = dcqcn
+    rates: dict[str, list[float]] = {}
+    for r in read_csv(run_dir / "rates.csv"):
+        rates.setdefault(r["host"], []).append(float(r["rate_gbps"]))
+    assert len(rates) == 7, rates.keys()
+    for host, series in rates.items():
+        low = min(series)
+        assert low < 60, (host, series)  # cut well below the 100 Gb/s line rate...
+        assert max(series[series.index(low):]) > low * 1.2, (host, series)  # ...and regrowing after
+
+
+def test_cnps_decode_in_tshark_and_data_icrc_is_valid(dcqcn):
+    from fabric_emu import roce
+    from scapy.utils import rdpcap
+
+    run_dir, _ = dcqcn
+    pcap = run_dir / "capture-leaf1-eth1.pcap"
+    cnps = tshark_fields(pcap, "ip.dsfield.dscp", "ip.dsfield.ecn", "infiniband.bth.destqp",
+                         display_filter="infiniband.bth.opcode == 0x81")
+    senders = {int(row["qpn"]) for row in read_csv(run_dir / "flows.csv")}
+    assert cnps and all(dscp == "48" and ecn == "0" for dscp, ecn, _ in cnps)
+    assert {int(qp, 0) for _, _, qp in cnps} <= senders  # to the senders' QPs
+    data = [bytes(p)[14:] for p in rdpcap(str(pcap), count=300)]
+    assert data and all(roce.check_icrc_ipv4(ip) for ip in data)
+
+
+@pytest.fixture(scope="module")
+def convergence(tmp_path_factory):
+    return run_shipped(tmp_path_factory, "convergence")
+
+
+def test_two_flows_converge_to_a_fair_share(convergence):
+    from fabric_emu.summary import jain_index
+
+    run_dir, r = convergence
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = read_json(run_dir / "summary.json")
+    assert s["transport"]["cnp_received"] > 0
+    h1 = read_json(run_dir / "agents" / "h1.json")
+    qps = h1["recv_qps"]
+    assert len(qps) == 2
+    start = max(q["first_rx"] for q in qps)
+    end = min(q["last_rx"] for q in qps)  # both flows running
+    mid = (start + end) / 2
+    d = s["dilation"]
+    shares = [rate_gbps(q["rx_series"], 0.0, mid, end, d) for q in qps]
+    assert jain_index(shares) >= 0.95, shares

@@ -36,12 +36,25 @@ def test_run_succeeds_at_link_rate(quickstart):
     assert s["busbw_fraction"] >= 0.85 or s["fidelity"]["warnings"], s
     assert s["busbw_fraction"] >= 0.7, s
     assert s["busbw_fraction"] <= 1.0  # a ring all-reduce cannot beat the host link
-    assert s["transport"]["missing_packets"] == 0
+    assert s["transport"]["lost_packets"] == 0 and s["transport"]["retransmitted_packets"] == 0
     assert s["switch"]["drops"] == 0
     # In host order each leaf sends one QP up, so no uplink is shared (as OVS chose the paths).
     assert s["ecmp"] == {"crossing_qps": 4, "uplinks_used": 4, "max_qps_per_uplink": 1,
                          "shared_uplinks": 0}
     assert "busbw" in r.stdout and str(run_dir) in r.stdout
+
+
+def test_cpu_of_every_forwarding_thread_is_measured(quickstart):
+    """The fidelity monitor samples threads, not just the machine: OVS's forwarding thread
+    worked during the traffic, and the controller, PFC daemon and NIC engines were watched."""
+    run_dir, _ = quickstart
+    cpu = read_json(run_dir / "summary.json")["cpu"]
+    threads = {t["label"]: t for t in cpu["threads"]}
+    ovs = threads["ovs-vswitchd"]
+    assert ovs["busy_mean"] > 0 and 0 < ovs["busy_max"] <= 1.0, ovs
+    assert cpu["samples"] >= 2 and 0 <= ovs["saturated_fraction"] <= 1
+    assert {"ovs-vswitchd", "controller", "pfc-daemon"} <= set(cpu["watched"])
+    assert set(cpu["watched"]) - {"ovs-vswitchd", "controller", "pfc-daemon"}, "no NIC engine registered"
 
 
 def test_results_folder_contract(quickstart):
@@ -95,7 +108,12 @@ def test_capture_decodes_as_rroce(quickstart):
         rows += [dict(zip(fields, line.split(","))) for line in out.splitlines()]
     assert len(rows) >= 100
     psn_by_qp = defaultdict(list)
-    for row in rows:
+    acks = [r for r in rows if int(r["infiniband.bth.opcode"]) == 0x11]
+    assert len(acks) < len(rows) / 8  # RC ACKs (ECMP may route them via the other spine), coalesced
+    for row in acks:
+        assert row["_ws.col.Protocol"] == "RRoCE" and int(row["ip.dsfield.ecn"]) == 0
+        assert int(row["infiniband.bth.destqp"], 0) in {int(f["qpn"]) for f in flows.values()}
+    for row in (r for r in rows if int(r["infiniband.bth.opcode"]) != 0x11):
         assert row["_ws.col.Protocol"] == "RRoCE"
         assert int(row["infiniband.bth.opcode"]) in {0x06, 0x07, 0x08, 0x0A}  # RDMA WRITE
         assert int(row["ip.dsfield.ecn"]) == 0b10  # ECT(0)

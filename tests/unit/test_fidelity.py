@@ -4,7 +4,7 @@ from fabric_emu.fidelity import loss_note, verdict
 def test_saturated_cpu_and_slow_agents_are_untrusted():
     assert verdict({"cpu_saturated_fraction": 0.5}, [1.0])
     assert verdict({"cpu_saturated_fraction": 0.0}, [0.95, 0.5])
-    assert verdict({"cpu_saturated_fraction": 0.0}, [0.99]) == []
+    assert verdict({"cpu_saturated_fraction": 0.0}, [0.01, 0.05]) == []
 
 
 def test_loss_without_counted_drops_is_untrusted():
@@ -30,7 +30,7 @@ def test_cpu_monitor_samples_until_the_phase_ends():
 
     from fabric_emu.fidelity import CpuMonitor
 
-    with CpuMonitor(interval_s=0.05) as cpu:
+    with CpuMonitor(interval_s=0.05, ovs=False) as cpu:  # machine figures only
         end = time.monotonic() + 0.4
         while time.monotonic() < end:  # keep one core busy
             pass
@@ -49,4 +49,7 @@ def test_cpu_monitor_summary_from_samples():
     cpu = CpuMonitor()
     assert cpu.summary()["cpu_busy_mean"] is None
     cpu.samples = [0.1, 0.5, 1.0, 1.0]  # of the whole machine, so the same on any core count
-    assert cpu.summary() == {"cpu_busy_mean": 0.65, "cpu_busy_max": 1.0, "cpu_saturated_fraction": 0.5}
+    s = cpu.summary()
+    assert {k: s[k] for k in ("cpu_busy_mean", "cpu_busy_max", "cpu_saturated_fraction")} == {
+        "cpu_busy_mean": 0.65, "cpu_busy_max": 1.0, "cpu_saturated_fraction": 0.5}
+    assert s["threads"] == [] and s["saturated_threads"] == []  # no process watched yet

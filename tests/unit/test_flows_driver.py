@@ -123,7 +123,12 @@ def test_own_qps_follow_the_table_order():
 
 class FakeSendQp:
     def __init__(self):
-        self.messages_done = 0
+        self.messages_sent = 0  # last packet handed to the kernel
+        self.messages_done = 0  # acknowledged
+
+    def set(self, sent: int, acked: int | None = None) -> None:
+        self.messages_sent = sent
+        self.messages_done = sent if acked is None else acked
 
 
 class FakeRecvQp:
@@ -154,18 +159,22 @@ def test_sender_posts_at_its_start_and_iterations_back_to_back():
     run.advance(GO + 0.5)
     assert nic.posted == [(0, 51, GO + 0.5), (1, 50, GO + 0.5)]  # one message per QP
     assert run.wake_at is None
-    nic.send_qps[0].messages_done = 1  # one QP's part has left, the other's not yet
+    nic.send_qps[0].set(1, 0)  # one QP's part has left, the other's not yet
     run.advance(GO + 0.6)
     assert len(nic.posted) == 2
-    nic.send_qps[1].messages_done = 1  # iteration 0 has left: iteration 1 goes at once
+    nic.send_qps[1].set(1, 0)  # iteration 0 has left: iteration 1 goes at once, unacknowledged
     run.advance(GO + 0.7)
     assert nic.posted[2:] == [(0, 51, GO + 0.7), (1, 50, GO + 0.7)]
     for sq in nic.send_qps:
-        sq.messages_done = 2
+        sq.set(2, 1)
     run.advance(GO + 0.9)
+    assert not run.finished  # everything has left, not everything is acknowledged
+    for sq in nic.send_qps:
+        sq.set(2)
+    run.advance(GO + 1.0)
     assert run.finished and len(nic.posted) == 4
     (log,) = run.flow_log
-    assert log["sent"] == GO + 0.9 and log["start"] == GO + 0.5
+    assert log["sent"] == GO + 0.9 and log["acked"] == GO + 1.0 and log["start"] == GO + 0.5
     assert [(it["posted"], it["sent"]) for it in log["iterations"]] == [(GO + 0.5, GO + 0.7), (GO + 0.7, GO + 0.9)]
 
 
@@ -191,7 +200,7 @@ def test_a_host_that_sends_and_receives_finishes_when_both_are_done():
     nic = FakeNic(1, 1)
     run = FlowRunner(flows, "h1", nic, GO)
     run.advance(GO)
-    nic.send_qps[0].messages_done = 1
+    nic.send_qps[0].set(1)
     run.advance(GO + 1)
     assert not run.finished
     nic.recv_qps[0].messages = 1

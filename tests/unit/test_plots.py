@@ -54,6 +54,9 @@ def _full_run(d: Path, per_class: bool = True) -> Path:
         {"node": "h2", "port": 0, "intf": "h2-eth0", "peer": "leaf1", "start_s": 1.0, "end_s": "",
          "start_fabric_us": 500.0, "end_fabric_us": ""},  # still paused when the run ended
     ])
+    _csv(d / "rates.csv", [{"host": "h2", "qpn": 100, "dst": "h1", "flow": 0, "time_s": t / 1e3,
+                            "time_fabric_us": t, "rate_gbps": r}
+                           for t, r in ((10, 50.0), (20, 25.0), (40, 37.5), (80, 100.0))])
     (d / "agents").mkdir()
     (d / "agents" / "h1.json").write_text(json.dumps(_agent("h2", 100, 45e6)))
     (d / "agents" / "h2.json").write_text(json.dumps(_agent("h1", 200, 25e6)))
@@ -69,9 +72,10 @@ def _is_png(p: Path) -> bool:
     return data[:8] == PNG_MAGIC and len(data) > 5000
 
 
-def test_writes_all_three_plots(tmp_path: Path):
+def test_writes_every_plot(tmp_path: Path):
     written = write_plots(_full_run(tmp_path))
-    assert [p.name for p in written] == ["queue_depth.png", "pauses.png", "flow_rates.png"]
+    assert [p.name for p in written] == ["queue_depth.png", "pauses.png", "flow_rates.png",
+                                         "dcqcn_rates.png"]
     for p in written:
         assert p.parent == tmp_path / "plots" and _is_png(p)
     assert not [f for f in (tmp_path / "plots").iterdir() if f.name.startswith(".")]  # no temp files
@@ -93,7 +97,7 @@ def test_empty_folder_writes_nothing(tmp_path: Path):
                                      "not,a\n\x00garbage"])
 def test_empty_or_broken_inputs_skip_their_plot(tmp_path: Path, content: str):
     _full_run(tmp_path)
-    for name in ("queues.csv", "pauses.csv"):
+    for name in ("queues.csv", "pauses.csv", "rates.csv"):
         (tmp_path / name).write_text(content)
     (tmp_path / "agents" / "h1.json").write_text(content)
     (tmp_path / "agents" / "h2.json").write_text(json.dumps({"recv_qps": [{"src": "h1", "rx_series": []}]}))
@@ -104,7 +108,7 @@ def test_missing_side_files_only_lose_their_decorations(tmp_path: Path):
     _full_run(tmp_path)
     (tmp_path / "summary.json").unlink()  # no dilation (taken as 1), no pause count
     (tmp_path / "experiment.yaml").write_text(": not yaml [")
-    assert len(write_plots(tmp_path)) == 3
+    assert len(write_plots(tmp_path)) == 4
 
 
 def test_rerun_replaces_plots(tmp_path: Path):

@@ -140,8 +140,8 @@ def test_cli_exits_2_with_one_line_and_creates_nothing(spec_dir: Path, workload:
 def test_show_prints_the_shipped_incast_and_flows():
     r = fabric_emu(["show", "experiments/incast.yaml"], REPO)
     assert r.returncode == 0, r.stderr
-    assert "incast of 1MB x 1 from 7 senders to h1" in r.stdout and "h8" in r.stdout
-    assert "1.12 s emulated" in r.stdout
+    assert "incast of 4MB x 1 from 7 senders to h1" in r.stdout and "h8" in r.stdout
+    assert "4.48 s emulated" in r.stdout
     r = fabric_emu(["show", "experiments/flows.yaml"], REPO)
     assert r.returncode == 0, r.stderr
     assert "4 flows" in r.stdout and "100 us" in r.stdout and "0.4 s" in r.stdout  # 100 us x 4000
