@@ -36,7 +36,7 @@ def main() -> None:
     ap.add_argument("--spines", type=int, default=4)
     ap.add_argument("--leaves", type=int, default=8)
     ap.add_argument("--hosts-per-leaf", type=int, default=4)
-    ap.add_argument("--chunk-kb", type=int, default=32, help="ring chunk per step (size = hosts x chunk)")
+    ap.add_argument("--chunk-kb", type=int, default=256, help="ring chunk per step (size = hosts x chunk)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: it builds a fabric")
