@@ -106,3 +106,67 @@ def test_overrides_are_checked() -> None:
 
 def test_mlx5_paces_cnps_per_port_and_the_paper_per_qp() -> None:
     assert PRESETS["mlx5"].cnp_pacing_per_port and not PRESETS["paper"].cnp_pacing_per_port
+
+
+def test_scripted_sequence_matches_the_papers_equations_step_by_step() -> None:
+    """One reaction point through CNPs, rate-timer and byte-counter events, checked after each
+    against the paper's equations computed here by hand (Zhu et al. 2015, Sec. 3 and Fig. 6):
+    cut: alpha <- (1-g) alpha + g (after the first), R_T <- R_C, R_C <- R_C (1 - alpha/2);
+    alpha timer: alpha <- (1-g) alpha; increase: fast recovery R_C <- (R_T + R_C)/2 while both
+    stages < F, additive R_T += R_AI once one reaches F, hyper R_T += i R_HAI once both pass F."""
+    g, F, B, ai, hai, T = 1 / 16, 2, 1_000_000, 1e9, 4e9, 55 * US
+    rp = ReactionPoint(preset("paper", g=g, fast_recovery_stages=F, byte_counter=B,
+                              rate_ai_bps=ai, rate_hai_bps=hai, alpha_timer_s=T, rate_timer_s=T,
+                              rate_min_bps=1e6), G100)
+    rc, rt, alpha = G100, G100, 1.0
+
+    def check() -> None:
+        assert (rp.rate, rp.target, rp.alpha) == pytest.approx((rc, rt, alpha))
+
+    # t=0: first CNP, alpha = initial (1): R_T = 100G, R_C = 50G
+    rp.on_cnp(0.0)
+    rt, rc = rc, rc * (1 - alpha / 2)
+    check()
+    # t=10us: second CNP: alpha = (1-g) + g = 1 still; R_T = 50G; R_C = 25G; timers restart
+    rp.on_cnp(10 * US)
+    alpha = (1 - g) * alpha + g
+    rt, rc = rc, rc * (1 - alpha / 2)
+    check()
+    # t=10us+T: alpha timer (decay) and rate timer stage 1 (< F: fast recovery)
+    rp.on_timer(10 * US + T + 1e-9)
+    alpha *= 1 - g
+    rc = (rt + rc) / 2
+    check()
+    # B bytes sent: byte stage 1 (< F): fast recovery again
+    rp.on_sent(B)
+    rc = (rt + rc) / 2
+    check()
+    # t=10us+2T: timer stage 2 = F: additive increase
+    rp.on_timer(10 * US + 2 * T + 1e-9)
+    alpha *= 1 - g
+    rt += ai
+    rc = (rt + rc) / 2
+    check()
+    # 2B more bytes: byte stage 2 (= F, timer 2 = F: not both > F): additive; byte stage 3
+    # (> F, timer stage 2 = F): additive
+    rp.on_sent(B)
+    rt += ai
+    rc = (rt + rc) / 2
+    check()
+    rp.on_sent(B)
+    rt += ai
+    rc = (rt + rc) / 2
+    check()
+    # t=10us+3T: timer stage 3 > F and byte stage 3 > F: hyper, i = min(3, 3) - F + 1 = 2
+    rp.on_timer(10 * US + 3 * T + 1e-9)
+    alpha *= 1 - g
+    rt += 2 * hai
+    rc = (rt + rc) / 2
+    check()
+    # a third CNP: alpha rises, the target clamps to the current rate, the rate is cut
+    t3 = 10 * US + 3 * T + 5 * US
+    rp.on_cnp(t3)
+    alpha = (1 - g) * alpha + g
+    rt, rc = rc, rc * (1 - alpha / 2)
+    check()
+    assert rp.cuts == 3 and rp.next_deadline() == pytest.approx(t3 + T)
