@@ -14,7 +14,7 @@ Both move the same packets (each host sends and receives S bytes); the figure is
 (user + system of the processes, from their own accounting) per data packet sent, each of which
 is also received. Ratios, not absolutes: this machine is shared and noisy.
 
-Run as root:  .venv/bin/python benchmarks/nic_cpu.py [--rate-mbps 40] [--size 12MB]
+Run as root:  .venv/bin/python benchmarks/nic_cpu.py [--rate-mbps 40] [--size 24MB]
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def engine(pair, rate_bps: float, size: int, work: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rate-mbps", type=float, default=40.0, help="emulated line rate of both hosts")
-    ap.add_argument("--size", default="12MB", help="all-reduce size: each host sends this much")
+    ap.add_argument("--size", default="24MB", help="all-reduce size: each host sends this much")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: it creates network namespaces")
