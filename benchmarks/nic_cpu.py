@@ -30,7 +30,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from pyroute2 import IPRoute
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the tests' namespace helpers

@@ -223,19 +223,25 @@ def plot_flow_rates(run_dir: Path, out: Path) -> bool:
             # Each value is the mean rate over the interval that ends at its x.
             ax.plot([(pts[0][0] - t0) / dilation * 1e6, *xs], [ys[0], *ys], drawstyle="steps-pre",
                     label=label, linewidth=1)
-    link = _num(summary.get("host_link_gbps"))
-    if link:
-        ax.axhline(link, color="black", linestyle="--", linewidth=0.8, label=f"host link {link:g} Gb/s")
     more = f" (the {len(shown)} busiest of {len(flows)})" if len(flows) > len(shown) else ""
-    ax.set_title(f"Receive rate per queue pair{more}")
-    ax.set_xlabel("fabric time since the first flow started (\u00b5s)")
+    _finish_rates(fig, ax, out, _num(summary.get("host_link_gbps")), "host link",
+                  f"Receive rate per queue pair{more}", "fabric time since the first flow started (\u00b5s)")
+    return True
+
+
+def _finish_rates(fig: Figure, ax, out: Path, link: float | None, link_label: str, title: str,
+                  xlabel: str) -> None:
+    """The common frame of the rate plots: the link rate line, labels, legend; then save."""
+    if link:
+        ax.axhline(link, color="black", linestyle="--", linewidth=0.8, label=f"{link_label} {link:g} Gb/s")
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("rate (Gb/s, modelled)")
     ax.set_ylim(0, ax.get_ylim()[1] * 1.05)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     _save(fig, out)
-    return True
 
 
 def plot_dcqcn_rates(run_dir: Path, out: Path) -> bool:
@@ -257,17 +263,9 @@ def plot_dcqcn_rates(run_dir: Path, out: Path) -> bool:
         xs = [t for t, _ in pts] + [end]
         ys = [v for _, v in pts] + [pts[-1][1]]
         ax.plot(xs, ys, drawstyle="steps-post", label=label, linewidth=1)
-    if link:
-        ax.axhline(link, color="black", linestyle="--", linewidth=0.8, label=f"line rate {link:g} Gb/s")
     more = f" (the {len(shown)} slowest of {len(series)})" if len(series) > len(shown) else ""
-    ax.set_title(f"DCQCN rate per queue pair{more}")
-    ax.set_xlabel("fabric time since GO (\u00b5s)")
-    ax.set_ylabel("rate (Gb/s, modelled)")
-    ax.set_ylim(0, ax.get_ylim()[1] * 1.05)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()
-    _save(fig, out)
+    _finish_rates(fig, ax, out, link, "line rate", f"DCQCN rate per queue pair{more}",
+                  "fabric time since GO (\u00b5s)")
     return True
 
 

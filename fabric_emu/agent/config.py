@@ -25,7 +25,7 @@ lists the hosts that run an agent: for flows, every host that sends or receives.
 from __future__ import annotations
 
 from ipaddress import IPv4Address
-from typing import Annotated, Literal, Optional, Union
+from typing import Annotated, Literal, Optional, Self, Union
 
 from pydantic import (
     AfterValidator,
@@ -47,6 +47,21 @@ class ConfigError(ValueError):
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class _JsonFile(_Frozen):
+    """A config written as a JSON file by the orchestrator and read by an engine."""
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> Self:
+        """Parse and validate; the first problem becomes a one-line ConfigError."""
+        try:
+            return cls.model_validate_json(text, strict=False)
+        except ValidationError as e:
+            raise ConfigError(_first_error(e)) from None
 
 
 class RankInfo(_Frozen):
@@ -113,7 +128,7 @@ class TransportConfig(_Frozen):
     retry_limit: int = Field(default=7, ge=1)
 
 
-class AgentConfig(_Frozen):
+class AgentConfig(_JsonFile):
     host: str
     ip: IPv4
     rate_bps: float = Field(gt=0)
@@ -151,35 +166,15 @@ class AgentConfig(_Frozen):
                     raise ValueError(f"workload.flows.{i}.dst: same host as src ({f.src})")
         return self
 
-    def to_json(self) -> str:
-        return self.model_dump_json(indent=1)
-
-    @classmethod
-    def from_json(cls, text: str) -> "AgentConfig":
-        """Parse and validate; the first problem becomes a one-line ConfigError."""
-        try:
-            return cls.model_validate_json(text, strict=False)
-        except ValidationError as e:
-            raise ConfigError(_first_error(e)) from None
 
 
-class EngineConfig(_Frozen):
+class EngineConfig(_JsonFile):
     """One NIC engine process: the hosts it serves (fabric_emu.agent.engine)."""
 
     engine: int = Field(ge=0)
     tick_s: float = Field(gt=0, description="longest sleep while packets wait for socket room")
     hosts: tuple[AgentConfig, ...] = Field(min_length=1)
 
-    def to_json(self) -> str:
-        return self.model_dump_json(indent=1)
-
-    @classmethod
-    def from_json(cls, text: str) -> "EngineConfig":
-        """Parse and validate; the first problem becomes a one-line ConfigError."""
-        try:
-            return cls.model_validate_json(text, strict=False)
-        except ValidationError as e:
-            raise ConfigError(_first_error(e)) from None
 
 
 def _first_error(e: ValidationError) -> str:

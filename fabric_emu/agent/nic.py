@@ -184,7 +184,6 @@ class NicSetup:
     link_mtu: int  # the link's IP MTU
     transport: TransportSetup
     tick_s: float  # the engine's longest sleep while sends wait on full sockets
-    dilation: float
     dcqcn: DcqcnSetup | None = None
 
 
