@@ -393,3 +393,76 @@ class Responder:
             self._open = False
             self.messages += 1
             self.msn = (self.msn + 1) & PSN_MASK
+
+
+class ReorderingResponder:
+    """Responder for packet spraying: places packets by PSN, as NICs with out-of-order support do.
+
+    Packets of one QP may take different paths and arrive out of order. A packet up to `window`
+    PSNs ahead of the expected one is accepted and counted (its bytes are placed by PSN, so
+    they count at once) and the expected PSN advances over every packet already held; nothing
+    is NAKed because of reordering. A packet that is really lost keeps the expected PSN where it
+    is until the requester's timer resends it (a NAK cannot tell loss from a late packet here).
+    ACKs are cumulative (expected - 1): on an AckReq packet once the expected PSN has passed
+    it, or every `ack_every` packets of progress. Messages complete, in order, when the
+    expected PSN passes their LAST (or ONLY) packet.
+
+    Groundwork for spray mode (issue 7); the in-order Responder serves every mode today.
+    """
+
+    def __init__(self, start_psn: int, ack_every: int = 16, window: int = 4096):
+        if ack_every < 1 or not 1 <= window < MAX_OUTSTANDING:
+            raise ValueError(f"need ack_every >= 1 and 1 <= window < {MAX_OUTSTANDING}")
+        self.ack_every = ack_every
+        self.window = window
+        self.expected_psn = start_psn & PSN_MASK
+        self.msn = 0
+        self._held: dict[int, tuple[bool, bool]] = {}  # PSN ahead -> (ends a message, AckReq)
+        self._unacked = 0
+        self.packets = self.bytes = self.messages = 0
+        self.duplicates = self.out_of_order = self.beyond_window = 0
+        self.acks_sent = self.naks_sent = 0  # naks_sent stays 0: reordering is never NAKed
+
+    def on_packet(self, opcode: int, psn: int, data_len: int,
+                  ackreq: bool) -> tuple[int, int] | None:
+        """Process one RC WRITE packet; the (ACK, PSN) reply to send, or None."""
+        d = psn_diff(psn, self.expected_psn)
+        if d < 0 or psn in self._held:  # already placed
+            self.duplicates += 1
+            if not ackreq:
+                return None
+            self._unacked = 0
+            self.acks_sent += 1
+            return ACK, (self.expected_psn - 1) & PSN_MASK
+        if d >= self.window:
+            self.beyond_window += 1
+            return None
+        self.packets += 1
+        self.bytes += data_len
+        ends = opcode in _ENDS
+        if d > 0:  # ahead: hold it until the gap before it fills
+            self.out_of_order += 1
+            self._held[psn] = (ends, bool(ackreq))
+            return None
+        want_ack = self._advance(ends, bool(ackreq))
+        if want_ack:
+            self._unacked = 0
+            self.acks_sent += 1
+            return ACK, (self.expected_psn - 1) & PSN_MASK
+        return None
+
+    def _advance(self, ends: bool, ackreq: bool) -> bool:
+        """The expected packet arrived: move past it and every held packet right after it;
+        True when an ACK is due."""
+        want_ack = False
+        while True:
+            if ends:
+                self.messages += 1
+                self.msn = (self.msn + 1) & PSN_MASK
+            want_ack |= ackreq
+            self._unacked += 1
+            self.expected_psn = (self.expected_psn + 1) & PSN_MASK
+            nxt = self._held.pop(self.expected_psn, None)
+            if nxt is None:
+                return want_ack or self._unacked >= self.ack_every
+            ends, ackreq = nxt
