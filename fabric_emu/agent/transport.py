@@ -325,7 +325,19 @@ class Requester:
         self._fresh = False
 
 
-class Responder:
+class _Acking:
+    """What both responders share: sending an ACK restarts the coalescing count."""
+
+    _unacked: int
+    acks_sent: int
+
+    def _ack(self, psn: int) -> tuple[int, int]:
+        self._unacked = 0
+        self.acks_sent += 1
+        return ACK, psn & PSN_MASK
+
+
+class Responder(_Acking):
     """Responder side of an RC QP: in-order acceptance, NAK on gaps, coalesced ACKs.
 
     on_packet returns the reply to send as (syndrome, PSN), with syndrome ACK or NAK_SEQ, and
@@ -359,11 +371,7 @@ class Responder:
             return NAK_SEQ, self.expected_psn
         if d < 0:  # behind: a retransmission of something already accepted
             self.duplicates += 1
-            if not ackreq:
-                return None
-            self._unacked = 0
-            self.acks_sent += 1
-            return ACK, (self.expected_psn - 1) & PSN_MASK
+            return self._ack(self.expected_psn - 1) if ackreq else None
         self.expected_psn = (psn + 1) & PSN_MASK
         self._nak_sent = False
         self.packets += 1
@@ -371,9 +379,7 @@ class Responder:
         self._on_opcode(opcode)
         self._unacked += 1
         if ackreq or self._unacked >= self.ack_every:
-            self._unacked = 0
-            self.acks_sent += 1
-            return ACK, psn
+            return self._ack(psn)
         return None
 
     def _on_opcode(self, opcode: int) -> None:
@@ -395,7 +401,7 @@ class Responder:
             self.msn = (self.msn + 1) & PSN_MASK
 
 
-class ReorderingResponder:
+class ReorderingResponder(_Acking):
     """Responder for packet spraying: places packets by PSN, as NICs with out-of-order support do.
 
     Packets of one QP may take different paths and arrive out of order. A packet up to `window`
@@ -429,11 +435,7 @@ class ReorderingResponder:
         d = psn_diff(psn, self.expected_psn)
         if d < 0 or psn in self._held:  # already placed
             self.duplicates += 1
-            if not ackreq:
-                return None
-            self._unacked = 0
-            self.acks_sent += 1
-            return ACK, (self.expected_psn - 1) & PSN_MASK
+            return self._ack(self.expected_psn - 1) if ackreq else None
         if d >= self.window:
             self.beyond_window += 1
             return None
@@ -444,11 +446,8 @@ class ReorderingResponder:
             self.out_of_order += 1
             self._held[psn] = (ends, bool(ackreq))
             return None
-        want_ack = self._advance(ends, bool(ackreq))
-        if want_ack:
-            self._unacked = 0
-            self.acks_sent += 1
-            return ACK, (self.expected_psn - 1) & PSN_MASK
+        if self._advance(ends, bool(ackreq)):
+            return self._ack(self.expected_psn - 1)
         return None
 
     def _advance(self, ends: bool, ackreq: bool) -> bool:

@@ -54,6 +54,13 @@ def test_psn_wraparound():
     assert (r.messages, r.out_of_order, r.expected_psn) == (1, 3, 2)
 
 
+def post_random(req: Requester, rng: random.Random, n: int, smallest: int) -> list[int]:
+    sizes = [rng.randrange(smallest, 20 * MTU) for _ in range(n)]
+    for size in sizes:
+        req.post(size)
+    return sizes
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_sprayed_transfer_completes_without_retransmission(seed):
     """Heavy reordering (jitter of many packet times), no loss: every message completes, every
@@ -61,9 +68,7 @@ def test_sprayed_transfer_completes_without_retransmission(seed):
     rng = random.Random(seed)
     req = Requester(0, MTU, rto_s=RTO)
     resp = ReorderingResponder(0)
-    sizes = [rng.randrange(0, 20 * MTU) for _ in range(12)]
-    for n in sizes:
-        req.post(n)
+    sizes = post_random(req, rng, 12, 0)
     Wire(req, resp, jitter=lambda: rng.uniform(0, 30e-6)).run()
     assert req.messages_done == len(sizes) and req.error is None
     assert (req.retransmitted, req.naks, req.timeouts) == (0, 0, 0)
@@ -75,9 +80,7 @@ def test_sprayed_transfer_with_loss_recovers_by_timeout(seed):
     rng = random.Random(seed)
     req = Requester(0, MTU, rto_s=RTO)
     resp = ReorderingResponder(0)
-    sizes = [rng.randrange(1, 20 * MTU) for _ in range(8)]
-    for n in sizes:
-        req.post(n)
+    sizes = post_random(req, rng, 8, 1)
     wire = Wire(req, resp, jitter=lambda: rng.uniform(0, 20e-6),
                 drop_data=lambda p, i: rng.random() < 0.03)
     wire.run(max_time=10.0)
