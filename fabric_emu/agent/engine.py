@@ -168,7 +168,7 @@ class Engine:
             h.error = nic.error
             return False
         if driver.finished:
-            h.finished_at = t
+            self._finish(h, t)
             return False
         for sq in nic.send_qps:
             self._schedule(h, sq)
@@ -177,6 +177,13 @@ class Engine:
             h._wake = wake
             heapq.heappush(self._heap, (wake, next(self._seq), h, None))
         return waiting
+
+    @staticmethod
+    def _finish(h: Host, t: float) -> None:
+        h.finished_at = t
+        sent = sum(sq.messages_done for sq in h.nic.send_qps)
+        received = sum(rq.messages for rq in h.nic.recv_qps)
+        h.nic.log(t, f"finished: {sent} messages sent and acknowledged, {received} received")
 
     def _schedule(self, h: Host, sq: SendQp) -> None:
         due = sq.due()

@@ -24,7 +24,7 @@ from pathlib import Path
 from fabric_emu.agent.config import AgentConfig, ConfigError, EngineConfig, FlowsConfig
 from fabric_emu.agent.engine import IDLE_POLL_S, Driver, Engine, Host
 from fabric_emu.agent.flows import FlowRunner, own_qps
-from fabric_emu.agent.nic import DcqcnSetup, HostNic, NicSetup, TransportSetup, open_sockets
+from fabric_emu.agent.nic import DcqcnSetup, HostLog, HostNic, NicSetup, TransportSetup, open_sockets
 from fabric_emu.agent.qps import QueuePair, build_qp_table
 from fabric_emu.agent.ring import RingRunner
 from fabric_emu.cc.dcqcn import DcqcnParams
@@ -138,7 +138,8 @@ def _open_host(cfg: AgentConfig, tick_s: float) -> Host:
     opener = lambda: open_sockets(setup, ports, cfg.ifname)  # noqa: E731
     socks = run_in_netns(cfg.netns, opener) if cfg.netns else opener()
     ip_of = {r.name: r.ip for r in cfg.ranks}
-    nic = HostNic(setup, socks, send, recv, ip_of, now())
+    log = HostLog(Path(cfg.stats_path).with_name(f"nic-{cfg.host}.log"))
+    nic = HostNic(setup, socks, send, recv, ip_of, now(), log)
     return Host(cfg.host, nic, lambda go: make_driver(nic, go))
 
 

@@ -24,6 +24,8 @@ import socket
 import struct
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
 
 from fabric_emu import roce
 from fabric_emu.agent.qps import QueuePair
@@ -175,6 +177,28 @@ class RecvQp:
         return [*self.rx_series, [self.last_rx, self.resp.bytes]]
 
 
+class HostLog:
+    """One host's NIC log: the rare events of its QPs (timeouts, NAKs, first CNP, failure), one
+    line each with the emulated time. The file is created at the first line, so an uneventful
+    host leaves none."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self._file: TextIO | None = None
+
+    def __call__(self, now: float, message: str) -> None:
+        if self.path is None:
+            return
+        if self._file is None:
+            self._file = open(self.path, "a")
+        self._file.write(f"{now:.6f} {message}\n")
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
 @dataclass(frozen=True)
 class NicSetup:
     host: str
@@ -231,8 +255,10 @@ class HostNic:
     """The NIC of one host: queue pairs, sockets, rates, counters."""
 
     def __init__(self, setup: NicSetup, socks: HostSockets, send_qps: list[QueuePair],
-                 recv_qps: list[QueuePair], ip_of: dict[str, str], now: float):
+                 recv_qps: list[QueuePair], ip_of: dict[str, str], now: float,
+                 log: HostLog | None = None):
         self.setup = setup
+        self.log = log or HostLog(None)
         self.ip = setup.ip
         self.rate_bps = setup.rate_bps
         self.socks = socks
@@ -279,6 +305,7 @@ class HostNic:
         s = self.socks
         for sock in (s.receive, s.control, s.cnp, *s.qps, s.netlink):
             sock.close()
+        self.log.close()
 
     @property
     def idle(self) -> bool:
@@ -351,9 +378,14 @@ class HostNic:
             sq.req.hold(now)  # still queued in the kernel (paused, or a slow rate class)
             self.timer_holds += 1
         elif deadline is not None and now >= deadline:
+            timeouts = sq.req.timeouts
             sq.req.on_timer(now)
+            if sq.req.timeouts > timeouts:
+                self.log(now, f"{_qp_name(sq)}: retransmission timeout {sq.req.timeouts}, "
+                              f"sending again from PSN {sq.req.una:#08x}")
             if sq.req.error and self.error is None:
-                self.error = f"QP {sq.qp.src_qpn:#x} to {sq.qp.dst}: {sq.req.error}"
+                self.error = f"{_qp_name(sq)}: {sq.req.error}"
+                self.log(now, self.error)
             self.resume(sq, now)
         rp = sq.rp
         if rp is not None:
@@ -428,7 +460,11 @@ class HostNic:
         elif opcode == roce.RC_ACKNOWLEDGE and n >= roce.BTH_LEN + roce.AETH_LEN + roce.ICRC_LEN:
             syndrome, _msn = roce.parse_aeth(self._rbuf)
             if syndrome == roce.AETH_NAK_PSN_SEQ:
+                naks = sq.req.naks
                 sq.req.on_nak(psn, now)
+                if sq.req.naks > naks:
+                    self.log(now, f"{_qp_name(sq)}: NAK (PSN sequence error), sending again "
+                                  f"from PSN {psn:#08x}")
                 self.resume(sq, now)
             else:
                 sq.req.on_ack(psn, now)
@@ -438,6 +474,9 @@ class HostNic:
             if sq.rp is not None:
                 sq.rp.on_cnp(now)
                 self._apply_rate(sq, now)
+                if sq.cnp_received == 1:
+                    self.log(now, f"{_qp_name(sq)}: first CNP, rate cut to {sq.rp.rate / 1e9:.2f} Gb/s "
+                                  "(modelled)")
                 touched.append(sq)
         else:
             self.rx_other_opcode += 1
@@ -463,6 +502,10 @@ class HostNic:
         return {"unknown_qp": self.rx_unknown_qp, "malformed": self.rx_malformed,
                 "other_opcode": self.rx_other_opcode, "control_send_errors": self.control_send_errors,
                 "timer_holds": self.timer_holds}
+
+
+def _qp_name(sq: SendQp) -> str:
+    return f"QP {sq.qp.src_qpn:#x} to {sq.qp.dst}"
 
 
 def _unsent_bytes(sock: socket.socket) -> int:

@@ -109,6 +109,10 @@ def test_lossy_incast_completes_with_go_back_n(lossy):
     assert s["aggregate_goodput_gbps"] > 0
     rows = read_csv(run_dir / "flows.csv")
     assert sum(int(row["retransmitted"]) for row in rows) == t["retransmitted_packets"]
+    # each sender's NIC log tells its own story: the NAKs and timeouts it recovered from
+    logs = {p.stem: p.read_text() for p in (run_dir / "logs").glob("nic-h*.log")}
+    assert len(logs) == 8 and all("finished:" in text for text in logs.values())
+    assert sum(text.count(": NAK") for text in logs.values()) == t["naks"]
 
 
 def tshark_fields(pcap: Path, *fields: str, display_filter: str = "infiniband") -> list[list[str]]:
