@@ -117,13 +117,13 @@ def foundation(pair, rate_bps: float, size: int, work: Path) -> dict:
 
 
 def engine(pair, rate_bps: float, size: int, work: Path) -> dict:
-    from fabric_emu.workload import MAX_TICK_S, MIN_TICK_S, TICK_PACKETS
+    from fabric_emu.workload import tick_for
 
     hosts = []
     for i, (ns, ifname) in enumerate(((pair.tx_ns, pair.tx_if), (pair.rx_ns, pair.rx_if))):
         hosts.append({**_base_config(i, rate_bps, size, work / f"engine-stats-{i}.json"),
                       "netns": f"/var/run/netns/{ns}", "ifname": ifname, "link_mtu": MTU})
-    tick = min(MAX_TICK_S, max(MIN_TICK_S, TICK_PACKETS * (MTU + 14) * 8 / rate_bps))
+    tick = tick_for(rate_bps, MTU)
     cfg = work / "engine.json"
     cfg.write_text(json.dumps({"engine": 0, "tick_s": tick, "hosts": hosts}))
     _go([_popen([sys.executable, "-m", "fabric_emu.agent", str(cfg)], REPO)])

@@ -61,11 +61,14 @@ def agent_configs(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], work
 
 
 def tick_s(plan: FabricPlan) -> float:
-    """The engines' longest sleep while packets wait: TICK_PACKETS full frames at the slowest
-    host's line rate, within [MIN_TICK_S, MAX_TICK_S] (the QP socket buffers hold two ticks)."""
-    frame_bits = (plan.mtu + 14) * 8
-    rate = min(plan.host_rate_bps(h.name) for h in plan.hosts)
-    return min(MAX_TICK_S, max(MIN_TICK_S, TICK_PACKETS * frame_bits / rate))
+    """The engines' tick for this fabric: at the slowest host's line rate."""
+    return tick_for(min(plan.host_rate_bps(h.name) for h in plan.hosts), plan.mtu)
+
+
+def tick_for(rate_bps: float, mtu: int) -> float:
+    """The engines' longest sleep while packets wait: TICK_PACKETS full frames at rate_bps, within
+    [MIN_TICK_S, MAX_TICK_S] (the QP socket buffers hold two ticks)."""
+    return min(MAX_TICK_S, max(MIN_TICK_S, TICK_PACKETS * (mtu + 14) * 8 / rate_bps))
 
 
 def drain_s(plan: FabricPlan) -> float:

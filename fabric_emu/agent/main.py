@@ -24,7 +24,7 @@ from pathlib import Path
 from fabric_emu.agent.config import AgentConfig, ConfigError, EngineConfig, FlowsConfig
 from fabric_emu.agent.engine import IDLE_POLL_S, Driver, Engine, Host
 from fabric_emu.agent.flows import FlowRunner, own_qps
-from fabric_emu.agent.nic import DcqcnSetup, HostLog, HostNic, NicSetup, TransportSetup, open_sockets
+from fabric_emu.agent.nic import DcqcnSetup, HostLog, HostNic, NicSetup, open_sockets
 from fabric_emu.agent.qps import QueuePair, build_qp_table
 from fabric_emu.agent.ring import RingRunner
 from fabric_emu.cc.dcqcn import DcqcnParams
@@ -132,7 +132,7 @@ def _open_host(cfg: AgentConfig, tick_s: float) -> Host:
     """A host's NIC, sockets opened inside its namespace, and how to make its driver at GO."""
     send, recv, make_driver = _queue_pairs(cfg)
     setup = NicSetup(host=cfg.host, ip=cfg.ip, rate_bps=cfg.rate_bps, roce_mtu=cfg.roce_mtu,
-                     link_mtu=cfg.link_mtu, transport=TransportSetup(**cfg.transport.model_dump()),
+                     link_mtu=cfg.link_mtu, transport=cfg.transport,
                      tick_s=tick_s, dcqcn=_dcqcn(cfg))
     ports = [qp.udp_sport for qp in send]
     opener = lambda: open_sockets(setup, ports, cfg.ifname)  # noqa: E731

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TextIO
 
 from fabric_emu import roce
+from fabric_emu.agent.config import TransportConfig
 from fabric_emu.agent.qps import QueuePair
 from fabric_emu.agent.transport import Requester, Responder
 from fabric_emu.cc.dcqcn import DcqcnParams, NotificationPoint, ReactionPoint
@@ -71,20 +72,11 @@ class DcqcnSetup:
     line_rate_bps: float  # modelled
 
 
-@dataclass(frozen=True)
-class TransportSetup:
-    """RC transport knobs, in emulated seconds."""
-
-    ack_every: int = 16
-    rto_s: float = 1.0
-    retry_limit: int = 7
-
-
 class SendQp:
     """Requester side of a QP: its socket, its packets, its transport and DCQCN state."""
 
     def __init__(self, k: int, qp: QueuePair, src_ip: str, dst_ip: str, mtu: int,
-                 sock: socket.socket, transport: TransportSetup):
+                 sock: socket.socket, transport: TransportConfig):
         self.k = k  # the QP's index in the host: its mark and rate class
         self.qp = qp
         self.dst_ip = dst_ip
@@ -166,8 +158,6 @@ class RecvQp:
                 "messages": r.messages, "duplicates": r.duplicates,
                 "out_of_sequence": r.out_of_sequence, "acks_sent": r.acks_sent,
                 "naks_sent": r.naks_sent, "ecn_ce": self.ecn_ce, "cnp_sent": self.cnp_sent,
-                # RC delivers in order: a packet either arrives in sequence or is resent
-                "missing": 0, "out_of_order": 0,
                 "first_rx": self.first_rx, "last_rx": self.last_rx, "rx_series": self._series()}
 
     def _series(self) -> list[list[float]]:
@@ -206,7 +196,7 @@ class NicSetup:
     rate_bps: float  # emulated line rate, Ethernet frame bits
     roce_mtu: int
     link_mtu: int  # the link's IP MTU
-    transport: TransportSetup
+    transport: TransportConfig  # emulated seconds
     tick_s: float  # the engine's longest sleep while sends wait on full sockets
     dcqcn: DcqcnSetup | None = None
 
@@ -233,7 +223,8 @@ def socket_budget(setup: NicSetup, rate_bps: float) -> tuple[int, float]:
 
     The retransmission timer starts when a packet is handed to the kernel, but a NIC starts it
     when the packet leaves: the wait allowed here is added to the timeout, and shrinking the
-    buffer with the rate keeps that wait short."""
+    buffer with the rate keeps that wait short. (A timer that still expires while the QP's
+    packets are queued, behind a pause, is held: HostNic.on_timers.)"""
     frame = max_frame(setup.roce_mtu)
     packets = max(MIN_QUEUED_PACKETS, int(2 * setup.tick_s * rate_bps / 8 / frame) + 1)
     return packets * frame * TRUESIZE_FACTOR, packets * frame * 8 / rate_bps
@@ -315,11 +306,8 @@ class HostNic:
     def post_write(self, qp_index: int, nbytes: int, now: float) -> None:
         """Queue one RDMA WRITE message of nbytes on a send QP."""
         sq = self.send_qps[qp_index]
-        if not self._active:
-            self._busy_start = max(now, self._busy_end)
-        if not sq.req.has_work and sq not in self._active:
-            self._active.append(sq)
         sq.req.post(nbytes)
+        self.resume(sq, now)
 
     # ----------------------------------------------------------------- send
     def fill(self, now: float) -> bool:
@@ -364,7 +352,7 @@ class HostNic:
         return bool(active)
 
     def resume(self, sq: SendQp, now: float) -> None:
-        """A QP got work back (a go-back-N rewind): put it back in the send rotation."""
+        """A QP got work (a posted message, a go-back-N rewind): put it in the send rotation."""
         if sq.req.has_work and sq not in self._active:
             if not self._active:
                 self._busy_start = max(now, self._busy_end)

@@ -1,0 +1,94 @@
+"""A/B: the quickstart with an earlier revision of fabric-emu and with this tree, in one run.
+
+Each side runs `fabric-emu run experiments/quickstart.yaml` from its own source tree (the
+earlier one extracted with `git archive`, run from its own folder so `python -m` imports it),
+on the same machine, Open vSwitch and Python environment, one after the other, `--rounds`
+times. Per side it prints the bus bandwidth fraction and two costs per packet:
+
+* Open vSwitch: CPU seconds of ovs-vswitchd over the run (its /proc stat, all threads) per
+  packet the switches transmitted (summary.json switch.tx_packets);
+* NICs: CPU seconds of the host agents (earlier revisions: each agent's cpu_s) or NIC engines
+  (engine.cpu_s, once per engine) per data packet sent.
+
+Run as root:  .venv/bin/python benchmarks/versus.py [--rev f6b04f0] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def ovs_cpu_s() -> float:
+    pid = int(Path("/var/run/openvswitch/ovs-vswitchd.pid").read_text())
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime, all threads
+
+
+def nic_cpu_s(run_dir: Path) -> tuple[float, int]:
+    """(CPU seconds of the NIC processes, data packets sent) from the agents' stats."""
+    cpu, engines, packets = 0.0, {}, 0
+    for f in (run_dir / "agents").glob("*.json"):
+        a = json.loads(f.read_text())
+        packets += sum(q["packets"] for q in a.get("send_qps", []))
+        if "engine" in a:
+            engines[a["engine"]["engine"]] = a["engine"]["cpu_s"] or 0.0
+        else:
+            cpu += a.get("cpu_s") or 0.0
+    return cpu + sum(engines.values()), packets
+
+
+def run(src: Path, out: Path) -> dict:
+    before = ovs_cpu_s()
+    subprocess.run([sys.executable, "-m", "fabric_emu", "run", str(src / "experiments/quickstart.yaml"),
+                    "--out", str(out)], cwd=src, capture_output=True, text=True)
+    ovs = ovs_cpu_s() - before
+    (run_dir,) = (out / "quickstart").iterdir()
+    s = json.loads((run_dir / "summary.json").read_text())
+    nic, packets = nic_cpu_s(run_dir)
+    return {"busbw": s.get("busbw_fraction"), "ovs_us": ovs / s["switch"]["tx_packets"] * 1e6,
+            "nic_us": nic / packets * 1e6, "trusted": s.get("fidelity", {}).get("trusted")}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rev", default="f6b04f0", help="the earlier revision (git)")
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("run as root: it builds fabrics")
+    with tempfile.TemporaryDirectory() as tmp:
+        old = Path(tmp) / "old"
+        old.mkdir()
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", args.rev, "fabric_emu", "experiments",
+                                  "topologies"], capture_output=True, check=True).stdout
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(old)
+        results = {"earlier": [], "this tree": []}
+        for i in range(args.rounds):
+            results["earlier"].append(run(old, Path(tmp) / f"old-{i}"))
+            results["this tree"].append(run(REPO, Path(tmp) / f"new-{i}"))
+    print(f"quickstart, {args.rounds} round(s) each, earlier = {args.rev}")
+    mean = {}
+    for name, rows in results.items():
+        mean[name] = {k: sum(r[k] for r in rows) / len(rows) for k in ("busbw", "ovs_us", "nic_us")}
+        m = mean[name]
+        print(f"  {name:10s} busbw {m['busbw']:.3f}  OVS {m['ovs_us']:6.1f} us/switch packet  "
+              f"NICs {m['nic_us']:6.1f} us/packet  trusted {[r['trusted'] for r in rows]}")
+    e, t = mean["earlier"], mean["this tree"]
+    print(f"  ratios this/earlier: OVS per packet {t['ovs_us'] / e['ovs_us']:.2f}, "
+          f"NIC per packet {t['nic_us'] / e['nic_us']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
