@@ -137,19 +137,19 @@ class RecvQp:
         self.first_rx: float | None = None
         self.last_rx: float | None = None
         self.rx_series: list[list[float]] = []
-        self._next_point = 0.0
+        self.next_point = 0.0
 
     @property
     def messages(self) -> int:
         return self.resp.messages
 
-    def account(self, now: float, bytes_before: int) -> None:
-        if now >= self._next_point:
-            self.rx_series.append([now, bytes_before])
-            self._next_point = now + RX_SERIES_INTERVAL_S
+    def add_point(self, now: float) -> None:
+        """A point of rx_series (bytes received before now); the receive loop calls it once
+        now >= next_point, and sets last_rx itself (both per packet, so kept cheap)."""
+        self.rx_series.append([now, self.resp.bytes])
+        self.next_point = now + RX_SERIES_INTERVAL_S
         if self.first_rx is None:
             self.first_rx = now
-        self.last_rx = now
 
     def stats(self) -> dict:
         r = self.resp
@@ -427,9 +427,10 @@ class HostNic:
                 continue
             resp = rq.resp
             data_len = n - _DATA_OVERHEAD[opcode] - (flags >> 4 & 3)
-            before = resp.bytes
+            if now >= rq.next_point:  # rx_series: a point every RX_SERIES_INTERVAL_S
+                rq.add_point(now)
             reply = resp.on_packet(opcode, psn_word & _PSN_MASK, data_len, psn_word >> 31)
-            rq.account(now, before)
+            rq.last_rx = now
             if reply is not None:
                 self._send_control(rq.acks.ack(reply[1], reply[0], resp.msn), rq.ack_addr,
                                    self.socks.control)

@@ -360,7 +360,10 @@ class Responder(_Acking):
     def on_packet(self, opcode: int, psn: int, data_len: int,
                   ackreq: bool) -> tuple[int, int] | None:
         """Process one RC WRITE packet; the (syndrome, PSN) reply to send, or None."""
-        d = psn_diff(psn, self.expected_psn)
+        if psn == self.expected_psn:  # the common case first: no distance to compute
+            d = 0
+        else:
+            d = psn_diff(psn, self.expected_psn)
         if d > 0:  # ahead: packets were lost; discard, NAK once per episode
             self.out_of_sequence += 1
             if self._nak_sent:
