@@ -32,6 +32,7 @@ import struct
 import zlib
 from collections import OrderedDict
 from functools import lru_cache
+from typing import NamedTuple
 
 ROCE_UDP_PORT = 4791
 
@@ -243,6 +244,19 @@ _DMA_LEN_AT = BTH_LEN + 12  # the DMA length in the RETH
 _AETH_AT = BTH_LEN
 
 
+class TemplateFields(NamedTuple):
+    """One QpPackets template, field by field: header (BTH, RETH where the opcode has one; PSN
+    and DMA length still to be written), the zero data and pad bytes after it, the ICRC with PSN
+    0, AckReq clear and DMA length 0, and the ICRC changes per PSN / DMA-length byte."""
+
+    header: bytes
+    body_len: int
+    crc: int
+    ackreq_delta: int
+    psn_tables: tuple[tuple[int, ...], ...]  # 3 tables, most significant byte first
+    dma_tables: tuple[tuple[int, ...], ...] | None  # 4 tables, or None without a RETH
+
+
 class QpPackets:
     """Prebuilt RC data packets of one queue pair, with an incremental ICRC.
 
@@ -292,6 +306,14 @@ class QpPackets:
         _pack_icrc(buf, icrc_at,
                    crc ^ psn_hi[psn >> 16] ^ psn_mid[psn >> 8 & 0xFF] ^ psn_lo[psn & 0xFF])
         return view
+
+    def fields(self, opcode: int, data_len: int) -> TemplateFields:
+        """The template of (opcode, data_len) as a compiled sender needs it (agent/fastpath)."""
+        buf, _view, crc, crc_ackreq, psn_hi, psn_mid, psn_lo, dma, covered = self._lookup(
+            opcode << 32 | data_len, opcode, data_len)
+        header_len = BTH_LEN + (RETH_LEN if dma is not None else 0)
+        return TemplateFields(bytes(buf[:header_len]), covered - header_len, crc, crc ^ crc_ackreq,
+                              (psn_hi, psn_mid, psn_lo), dma)
 
     def _lookup(self, key: int, opcode: int, data_len: int) -> tuple:
         """The template for key, made if needed, now the most recently used one."""

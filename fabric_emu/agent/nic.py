@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TextIO
 
 from fabric_emu import roce
+from fabric_emu.agent import fastpath
 from fabric_emu.agent.config import TransportConfig
 from fabric_emu.agent.qps import QueuePair
 from fabric_emu.agent.transport import Requester, Responder
@@ -53,14 +54,7 @@ RX_SERIES_INTERVAL_S = 0.05  # emulated seconds between points of a receive QP's
 RATE_SERIES_MAX = 20_000  # points per QP; beyond it the series keeps only changes >= 1%
 _FULL = (errno.EAGAIN, errno.ENOBUFS)
 TOS_ACK = roce.DSCP_ROCE << 2  # ACKs and NAKs ride the RoCE class, not ECN-capable
-# The receive path parses the BTH inline (one unpack, no helper call per packet).
-_BTH_UNPACK = struct.Struct(">BBHII").unpack_from
-_QPN_MASK = _PSN_MASK = 0xFFFFFF
 _FIRST_WRITE, _LAST_WRITE = roce.RC_RDMA_WRITE_FIRST, roce.RC_RDMA_WRITE_ONLY
-_MIN_PACKET = roce.BTH_LEN + roce.ICRC_LEN
-# Bytes of a WRITE packet that are not data (BTH, RETH where present, ICRC), by opcode.
-_DATA_OVERHEAD = {op: roce.BTH_LEN + (roce.RETH_LEN if roce.has_reth(op) else 0) + roce.ICRC_LEN
-                  for op in range(_FIRST_WRITE, _LAST_WRITE + 1)}
 
 
 @dataclass(frozen=True)
@@ -80,10 +74,10 @@ class SendQp:
         self.k = k  # the QP's index in the host: its mark and rate class
         self.qp = qp
         self.dst_ip = dst_ip
-        self.addr = (dst_ip, roce.ROCE_UDP_PORT)
         self.sock = sock
         self.req = Requester(qp.start_psn, mtu, transport.rto_s, transport.retry_limit)
         self.packets = roce.QpPackets(src_ip, dst_ip, qp.udp_sport, qp.dst_qpn, mtu, rkey=qp.dst_qpn)
+        self.sender = fastpath.QpSender(self.packets, sock, dst_ip)
         self.rp: ReactionPoint | None = None
         self.rate_bps: float | None = None  # the kernel class's rate now (modelled), if limited
         self.min_rate_bps: float | None = None
@@ -260,9 +254,7 @@ class HostNic:
         self._recv_by_qpn = {rq.qp.dst_qpn: rq for rq in self.recv_qps}
         self._send_by_qpn = {sq.qp.src_qpn: sq for sq in self.send_qps}
         self._active: deque[SendQp] = deque()  # QPs with packets waiting, in round-robin order
-        self._rbuf = bytearray(65536)
-        self._rbufs = [self._rbuf]
-        self._ancsize = socket.CMSG_SPACE(1)
+        self._receiver = fastpath.Receiver(socks.receive)
         self.dcqcn = setup.dcqcn
         ack_port = socks.control.getsockname()[1]
         cnp_port = socks.cnp.getsockname()[1]
@@ -315,25 +307,27 @@ class HostNic:
         active = self._active
         for _ in range(len(active)):
             sq = active[0]
-            req, sock, addr, build = sq.req, sq.sock, sq.addr, sq.packets.packet
+            req, send_run = sq.req, sq.sender.send_run
             sent_frames = 0
             while True:
-                p = req.peek()
+                p = req.peek()  # the next run of packets
                 if p is None:
                     break
-                payload = build(p.opcode, p.psn, p.data_len, p.ackreq, p.message_len)
+                count = p.count
                 try:
-                    sock.sendto(payload, addr)
+                    n, udp_len = send_run(p.opcode, p.psn, p.data_len, count, p.ackreq, p.message_len)
                 except OSError as e:
-                    if e.errno in _FULL:
-                        self.full_socket_waits += 1
-                        break
                     if e.errno == errno.EMSGSIZE:
-                        raise RuntimeError(f"a {len(payload) + 28} B IP packet exceeds the path MTU "
-                                           f"to {sq.dst_ip}; lower roce_mtu or raise the link MTU") from None
+                        ip_len = roce.udp_payload_len(p.opcode, p.data_len) + 28
+                        raise RuntimeError(f"a {ip_len} B IP packet exceeds the path MTU to "
+                                           f"{sq.dst_ip}; lower roce_mtu or raise the link MTU") from None
                     raise
-                req.sent(now)
-                sent_frames += len(payload) + roce.FRAME_OVERHEAD
+                if n:
+                    req.sent(now, n)
+                    sent_frames += n * (udp_len + roce.FRAME_OVERHEAD)
+                if n < count:  # the socket is full: the kernel paces, we come back next tick
+                    self.full_socket_waits += 1
+                    break
             if sent_frames:
                 sq.frame_bytes += sent_frames
                 if sq.first_tx is None:
@@ -403,51 +397,51 @@ class HostNic:
 
     # ----------------------------------------------------------------- receive
     def receive(self, now: float) -> list[SendQp]:
-        """Drain the receive socket; returns the send QPs whose timers or work changed."""
-        rbuf, recv_by_qpn = self._rbuf, self._recv_by_qpn
-        touched: list[SendQp] = []
-        recvmsg, rbufs, ancsize = self.socks.receive.recvmsg_into, self._rbufs, self._ancsize
-        unpack = _BTH_UNPACK
-        while True:
-            try:
-                n, anc, _flags, _addr = recvmsg(rbufs, ancsize)
-            except BlockingIOError:
-                return touched
-            if n < _MIN_PACKET:
-                self.rx_malformed += 1
-                continue
-            opcode, flags, _pkey, qp_word, psn_word = unpack(rbuf, 0)
-            rq = recv_by_qpn.get(qp_word & _QPN_MASK) if opcode <= _LAST_WRITE else None
-            if rq is None:  # not data for one of our receive QPs: ACK, NAK, CNP or stray
-                self._control_packet(opcode, qp_word & _QPN_MASK, psn_word & _PSN_MASK, n, now,
-                                     touched)
-                continue
-            if opcode < _FIRST_WRITE:
-                self.rx_other_opcode += 1
-                continue
-            resp = rq.resp
-            data_len = n - _DATA_OVERHEAD[opcode] - (flags >> 4 & 3)
-            if now >= rq.next_point:  # rx_series: a point every RX_SERIES_INTERVAL_S
-                rq.add_point(now)
-            reply = resp.on_packet(opcode, psn_word & _PSN_MASK, data_len, psn_word >> 31)
-            rq.last_rx = now
-            if reply is not None:
-                self._send_control(rq.acks.ack(reply[1], reply[0], resp.msn), rq.ack_addr,
-                                   self.socks.control)
-            if anc and (anc[0][2][0] & 3) == roce.ECN_CE:
-                rq.ecn_ce += 1
-                if rq.np is not None and rq.np.on_ce(now):
-                    if self._send_control(rq.cnp, rq.ack_addr, self.socks.cnp):
-                        rq.cnp_sent += 1
+        """Drain the receive socket; returns the send QPs whose timers or work changed.
 
-    def _control_packet(self, opcode: int, dest_qp: int, psn: int, n: int, now: float,
-                        touched: list[SendQp]) -> None:
+        Packets come in records (fastpath.Receiver): one packet, or a run of in-order WRITE
+        MIDDLE packets of one QP, which the responder takes in one step."""
+        recv_by_qpn = self._recv_by_qpn
+        touched: list[SendQp] = []
+        for batch in self._receiver.batches():
+            for qpn, psn, count, nbytes, aeth, ce, opcode, ackreq, malformed, has_aeth in batch:
+                if malformed:
+                    self.rx_malformed += 1
+                    continue
+                rq = recv_by_qpn.get(qpn) if opcode <= _LAST_WRITE else None
+                if rq is None:  # not data for one of our receive QPs: ACK, NAK, CNP or stray
+                    self._control_packet(opcode, qpn, psn, aeth if has_aeth else None, count,
+                                         now, touched)
+                    continue
+                if opcode < _FIRST_WRITE:
+                    self.rx_other_opcode += count
+                    continue
+                resp = rq.resp
+                if now >= rq.next_point:  # rx_series: a point every RX_SERIES_INTERVAL_S
+                    rq.add_point(now)
+                if count == 1:
+                    reply = resp.on_packet(opcode, psn, nbytes, ackreq)
+                else:
+                    reply = resp.on_run(psn, count, nbytes)
+                rq.last_rx = now
+                if reply is not None:
+                    self._send_control(rq.acks.ack(reply[1], reply[0], resp.msn), rq.ack_addr,
+                                       self.socks.control)
+                if ce:  # one CNP at most per call: every packet here arrived at `now`
+                    rq.ecn_ce += ce
+                    if rq.np is not None and rq.np.on_ce(now):
+                        if self._send_control(rq.cnp, rq.ack_addr, self.socks.cnp):
+                            rq.cnp_sent += 1
+        return touched
+
+    def _control_packet(self, opcode: int, dest_qp: int, psn: int, aeth: int | None, count: int,
+                        now: float, touched: list[SendQp]) -> None:
         """An ACK/NAK or a CNP for one of our send QPs (anything else is counted and dropped)."""
         sq = self._send_by_qpn.get(dest_qp)
         if sq is None:
-            self.rx_unknown_qp += 1
-        elif opcode == roce.RC_ACKNOWLEDGE and n >= roce.BTH_LEN + roce.AETH_LEN + roce.ICRC_LEN:
-            syndrome, _msn = roce.parse_aeth(self._rbuf)
+            self.rx_unknown_qp += count
+        elif opcode == roce.RC_ACKNOWLEDGE and aeth is not None:
+            syndrome = aeth >> 24
             if syndrome == roce.AETH_NAK_PSN_SEQ:
                 naks = sq.req.naks
                 sq.req.on_nak(psn, now)
@@ -468,7 +462,7 @@ class HostNic:
                                   "(modelled)")
                 touched.append(sq)
         else:
-            self.rx_other_opcode += 1
+            self.rx_other_opcode += count
 
     def _send_control(self, payload, addr: tuple[str, int], sock: socket.socket) -> bool:
         try:

@@ -57,6 +57,7 @@ class Packet:
     ackreq: bool  # BTH AckReq bit
     message_len: int  # DMA length of the message (the RETH's, used on FIRST/ONLY)
     retransmit: bool  # True when this PSN was sent before
+    count: int = 1  # packets from psn on that share all of the above (a run of MIDDLEs)
 
 
 class Requester:
@@ -150,33 +151,48 @@ class Requester:
             p.opcode, p.data_len, last = _LAST, nbytes - k * self.mtu, True
         else:
             p.opcode, p.data_len, last = _MIDDLE, self.mtu, False
-        p.psn = self._next
+        nxt = self._next
+        p.psn = nxt
         p.ackreq = last or self._ackreq
         p.message_len = nbytes
-        p.retransmit = self._next != self._hw  # next <= high-water, so != means behind it
+        p.retransmit = nxt != self._hw  # next <= high-water, so != means behind it
+        if p.opcode == _MIDDLE and not p.ackreq:
+            # The MIDDLEs after this one, up to the window's edge and, when resending, up to the
+            # high-water mark (so every packet of the run is a retransmission, or none is).
+            count = min(n - 1 - k, self.max_outstanding - ((nxt - self._una) & PSN_MASK))
+            if p.retransmit:
+                count = min(count, (self._hw - nxt) & PSN_MASK)
+            p.count = count
+        else:
+            p.count = 1
         self._last = last
         self._fresh = True
 
-    def sent(self, now: float) -> None:
-        """The peeked packet went to the kernel: account it and move to the next one."""
+    def sent(self, now: float, n: int = 1) -> None:
+        """The first n packets of the peeked run went to the kernel: account them and move on.
+
+        n may be anything from 1 to the run's count (a socket may take only part of a run).
+        """
         if not self._fresh and self.peek() is None:
             raise RuntimeError("sent() without a packet to send")
         p = self._packet
-        nxt = (self._next + 1) & PSN_MASK
+        if not 1 <= n <= p.count:
+            raise ValueError(f"sent {n} packets of a run of {p.count}")
+        nxt = (self._next + n) & PSN_MASK
         if self._restart_timer or self._una == self._hw:  # first outstanding or retransmitted
             self._deadline = now + self.rto_s
             self._restart_timer = False
-        self.packets_sent += 1
-        self.bytes_sent += p.data_len
+        self.packets_sent += n
+        self.bytes_sent += p.data_len * n
         if p.retransmit:
-            self.retransmitted += 1
+            self.retransmitted += n
         else:
             self._hw = nxt
             if self._last:
                 self.messages_sent += 1
         self._next = nxt
         self._ackreq = False
-        k = self._cur_pkt + 1
+        k = self._cur_pkt + n
         if k == self._msgs[self._cur][2]:
             self._cur += 1
             self._cur_pkt = 0
@@ -383,6 +399,36 @@ class Responder(_Acking):
         self._unacked += 1
         if ackreq or self._unacked >= self.ack_every:
             return self._ack(psn)
+        return None
+
+    def on_run(self, psn: int, count: int, data_bytes: int) -> tuple[int, int] | None:
+        """Process `count` WRITE MIDDLE packets with consecutive PSNs from psn, none asking for
+        an ACK, data_bytes in all: what on_packet would do for each of them, in one step. The
+        one difference: where on_packet would ACK somewhere inside the run (every ack_every
+        packets), this ACKs the run's last PSN instead, acknowledging more, no later."""
+        if count == 1:
+            return self.on_packet(_MIDDLE, psn, data_bytes, False)
+        d = 0 if psn == self.expected_psn else psn_diff(psn, self.expected_psn)
+        if d < 0:  # starts with duplicates (a go-back-N resend); the rest may be new
+            dup = min(count, -d)
+            self.duplicates += dup
+            if dup == count:
+                return None
+            per = data_bytes // count
+            return self.on_run(self.expected_psn, count - dup, data_bytes - per * dup)
+        if d > 0:  # all beyond a gap: one NAK per episode
+            reply = self.on_packet(_MIDDLE, psn, 0, False)
+            self.out_of_sequence += count - 1
+            return reply
+        self.expected_psn = (psn + count) & PSN_MASK
+        self._nak_sent = False
+        self.packets += count
+        self.bytes += data_bytes
+        if not self._open:  # MIDDLEs outside a message, as _on_opcode counts them
+            self.opcode_errors += count
+        self._unacked += count
+        if self._unacked >= self.ack_every:
+            return self._ack(self.expected_psn - 1)
         return None
 
     def _on_opcode(self, opcode: int) -> None:

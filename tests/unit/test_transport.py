@@ -33,8 +33,10 @@ class Wire:
     def __init__(self, req: Requester, resp: Responder, *, delay: float = 10e-6,
                  gap: float = 1e-6, drop_data: Callable[[Packet, int], bool] | None = None,
                  drop_reply: Callable[[int, int, int], bool] | None = None,
-                 jitter: Callable[[], float] | None = None):
+                 jitter: Callable[[], float] | None = None,
+                 runs: Callable[[int], int] | None = None):
         self.req, self.resp = req, resp
+        self.runs = runs  # how many of a peeked run to send at once (the NIC's sendmmsg); None: 1
         self.delay, self.gap = delay, gap
         self.drop_data = drop_data or (lambda p, i: False)
         self.drop_reply = drop_reply or (lambda s, psn, i: False)
@@ -76,17 +78,34 @@ class Wire:
                 next_tx = now + self.gap
 
     def _transmit(self, now: float) -> None:
-        pkt = dataclasses.replace(self.req.peek())
-        self.req.sent(now)
-        index = len(self.sent)
-        self.sent.append(pkt)
-        if self.drop_data(pkt, index):
-            self.dropped.append(pkt)
-        else:
-            self._push(now + self.delay + self.jitter(), "data", pkt)
+        """Send the next packet, or (with runs) part of the next run; the packets of a run that
+        survive in a row arrive together, as the NIC's receive path merges them."""
+        head = self.req.peek()
+        n = self.runs(head.count) if self.runs else 1
+        pkts = [dataclasses.replace(head, psn=psn_add(head.psn, i), count=1) for i in range(n)]
+        self.req.sent(now, n)
+        group: list[Packet] = []
+        for pkt in pkts:
+            index = len(self.sent)
+            self.sent.append(pkt)
+            if self.drop_data(pkt, index):
+                self.dropped.append(pkt)
+                self._deliver(group, now)
+                group = []
+            else:
+                group.append(pkt)
+        self._deliver(group, now)
 
-    def _to_responder(self, pkt: Packet, now: float) -> None:
-        reply = self.resp.on_packet(pkt.opcode, pkt.psn, pkt.data_len, pkt.ackreq)
+    def _deliver(self, group: list[Packet], now: float) -> None:
+        if group:
+            self._push(now + self.delay + self.jitter(), "data", group)
+
+    def _to_responder(self, group: list[Packet], now: float) -> None:
+        if len(group) == 1:
+            pkt = group[0]
+            reply = self.resp.on_packet(pkt.opcode, pkt.psn, pkt.data_len, pkt.ackreq)
+        else:
+            reply = self.resp.on_run(group[0].psn, len(group), sum(p.data_len for p in group))
         if reply is None:
             return
         index = self.replies_sent
@@ -341,15 +360,18 @@ def test_nak_racing_a_timeout_does_not_rewind_twice():
 
 # ---- (8) randomized loss ----
 
-@pytest.mark.parametrize("seed,reorder", [(1, False), (2, False), (3, True)])
-def test_random_loss_every_message_completes(seed, reorder):
+@pytest.mark.parametrize("seed,reorder,runs", [(1, False, False), (2, False, False),
+                                               (3, True, False), (4, False, True),
+                                               (5, True, True)])
+def test_random_loss_every_message_completes(seed, reorder, runs):
     rng = random.Random(seed)
     sizes = tuple(rng.choice((0, 1, MTU - 1, MTU, MTU + 1)) if rng.random() < 0.3
                   else rng.randrange(1, 12 * MTU) for _ in range(120))
     req, resp = pair(rng.randrange(PSN_MASK + 1), ack_every=4, sizes=sizes)
     wire = Wire(req, resp, drop_data=lambda p, i: rng.random() < 0.05,
                 drop_reply=lambda s, psn, i: rng.random() < 0.05,
-                jitter=(lambda: rng.random() * 2e-6) if reorder else None)
+                jitter=(lambda: rng.random() * 2e-6) if reorder else None,
+                runs=(lambda count: rng.randint(1, count)) if runs else None)
     wire.run()
     assert_all_delivered(req, resp, sizes)
     assert len(wire.dropped) > 10
@@ -404,3 +426,64 @@ def test_argument_checks():
         Requester(0, 0, RTO)
     with pytest.raises(ValueError):
         Responder(0, ack_every=0)
+
+
+# ---- runs: the NIC sends and receives MIDDLE packets a run at a time ----
+
+def test_peek_offers_runs_of_middles_bounded_by_window_and_high_water():
+    req = Requester(PSN_MASK - 2, MTU, RTO, max_outstanding=6)  # a run across the PSN wrap
+    req.post(10 * MTU)
+    p = req.peek()
+    assert (p.opcode, p.count) == (FIRST, 1)
+    req.sent(0.0)
+    p = req.peek()
+    assert (p.opcode, p.psn, p.count) == (MIDDLE, PSN_MASK - 1, 5)  # the window: 6 outstanding
+    req.sent(0.0, 3)
+    assert req.peek().count == 2 and req.peek().psn == 1
+    with pytest.raises(ValueError):
+        req.sent(0.0, 3)
+    req.sent(0.0, 2)
+    assert req.peek() is None  # window full
+    req.on_ack(psn_add(PSN_MASK - 2, 1), 0.0)  # FIRST and one MIDDLE acknowledged
+    req.on_nak(psn_add(PSN_MASK - 2, 3), 0.0)  # the rest from PSN 0 again
+    p = req.peek()
+    assert (p.psn, p.retransmit, p.ackreq, p.count) == (0, True, True, 1)  # AckReq: alone
+    req.sent(0.0)
+    p = req.peek()
+    assert (p.psn, p.retransmit, p.count) == (1, True, 2)  # resends stop at the high-water mark
+    req.sent(0.0, 2)
+    p = req.peek()
+    assert (p.psn, p.retransmit, p.count) == (3, False, 3)  # the window again: 6 from una 0
+    assert (req.packets_sent, req.retransmitted, req.bytes_sent) == (9, 3, 9 * MTU)
+
+
+def test_a_run_counts_as_its_packets_one_by_one():
+    def drive(step: int) -> dict:
+        req = Requester(5, MTU, RTO)
+        for n in (40 * MTU + 7, 3 * MTU, 1):
+            req.post(n)
+        while (p := req.peek()) is not None:
+            req.sent(1.0, min(step, p.count))
+        return {**counters(req), "next": req.next_psn, "deadline": req.deadline}
+
+    assert drive(1) == drive(7) == drive(10_000)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_responder_on_run_matches_packet_by_packet(seed):
+    """Runs of MIDDLEs at, ahead of, behind and across the expected PSN: the same state and
+    counters as the packets one by one (ACKs may sit later within a run, never fewer NAKs)."""
+    rng = random.Random(seed)
+    start = rng.randrange(PSN_MASK + 1)
+    one, runs = Responder(start, ack_every=4), Responder(start, ack_every=4)
+    for r in (one, runs):
+        r.on_packet(FIRST, start, MTU, False)
+    for _ in range(300):
+        psn = psn_add(one.expected_psn, rng.randint(-6, 3))
+        count = rng.randint(1, 9)
+        for i in range(count):
+            one.on_packet(MIDDLE, psn_add(psn, i), MTU, False)
+        runs.on_run(psn, count, count * MTU)
+        fields = ("expected_psn", "packets", "bytes", "duplicates", "out_of_sequence",
+                  "naks_sent", "opcode_errors", "messages")
+        assert {f: getattr(runs, f) for f in fields} == {f: getattr(one, f) for f in fields}
