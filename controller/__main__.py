@@ -18,6 +18,7 @@ import sys
 import warnings
 
 from controller.core import uplink_builder
+from fabric_emu import spray
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -26,11 +27,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ready-file", required=True, help="written once every switch is programmed")
     p.add_argument("--ofp-port", type=int, required=True, help="OpenFlow TCP port to listen on")
     p.add_argument("--listen", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--lb-mode", default="ecmp", help="ecmp (dlb and spray later)")
+    p.add_argument("--lb-mode", default="ecmp", help="ecmp | spray (dlb later)")
+    p.add_argument("--spray-entropies", type=int, default=0,
+                   help="spray: UDP source ports per QP (a power of two; 0: one per uplink)")
     p.add_argument("--log", help="log file (default: stderr)")
     args = p.parse_args(argv)
     try:
         uplink_builder(args.lb_mode)
+        if args.spray_entropies:
+            spray.entropy_ports(0, args.spray_entropies)  # checks it
     except ValueError as e:
         p.error(str(e))
     return args
@@ -82,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg.CONF.set_override("plan", args.plan, group="fabric")
     cfg.CONF.set_override("ready_file", args.ready_file, group="fabric")
     cfg.CONF.set_override("lb_mode", args.lb_mode, group="fabric")
+    cfg.CONF.set_override("spray_entropies", args.spray_entropies, group="fabric")
 
     close_apps_on_signal()
     log = logging.getLogger("fabric_emu.controller")

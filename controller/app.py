@@ -8,7 +8,8 @@ Configuration arrives as os_ken.cfg options in group [fabric] (controller/__main
   plan        path of the plan JSON (FabricPlan.to_json())
   ready_file  written atomically, as {"dpids": [...], "time": ...}, once every planned switch
               has answered the barrier that follows its initial messages without an error
-  lb_mode     ecmp (dlb and spray later)
+  lb_mode     ecmp | spray (dlb later)
+  spray_entropies  spray: UDP source ports per QP (0: one per uplink)
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from os_ken.controller.handler import (CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_
 from os_ken.ofproto import ofproto_v1_5 as ofp
 from os_ken.ofproto import ofproto_v1_5_parser as parser
 
-from controller.core import (Action, FabricCore, Flow, Group, Message, Output, PacketOut,
+from controller.core import (Action, FabricCore, Flow, Group, LbOptions, Message, Output, PacketOut,
                              ResetSwitch, SetEthSrc, ToController, ToGroup)
 from fabric_emu.plan import FabricPlan
 
@@ -40,6 +41,7 @@ cfg.CONF.register_opts([
     cfg.StrOpt("plan", help="plan JSON file"),
     cfg.StrOpt("ready_file", help="written once every planned switch is programmed"),
     cfg.StrOpt("lb_mode", default="ecmp", help="ecmp | dlb | spray"),
+    cfg.IntOpt("spray_entropies", default=0, help="spray: UDP source ports per QP (0: default)"),
 ], group="fabric")
 
 # Open vSwitch's select-group extension (include/openflow/netronome-ext.h).
@@ -133,7 +135,7 @@ class FabricApp(app_manager.OSKenApp):
         super().__init__(*args, **kwargs)
         conf = self.CONF.fabric
         self.core = FabricCore(FabricPlan.from_dict(json.loads(Path(conf.plan).read_text())),
-                               conf.lb_mode)
+                               conf.lb_mode, LbOptions(conf.spray_entropies or None))
         self.ready_file: str = conf.ready_file
         self.programmed: set[int] = set()  # answered their barrier with no error before it
         self.failed: set[int] = set()  # sent an error since their last switch_up

@@ -12,6 +12,8 @@ Two tables on every switch (higher priority wins). Table 0 tags, table 1 routes:
 
   table 1:
   prio 300  leaf:  ipv4_dst=<own host>/32        -> output:<host port>
+  prio 250  leaf (spray): ipv4_dst=<other leaf's /24>, udp, udp_src=<b>/<entropies-1>
+                                                 -> output:<uplink b mod n> (fabric_emu.spray)
   prio 200  leaf:  ipv4_dst=<other leaf's /24>   -> the leaf's uplink spreading (ECMP: group 1)
             spine: ipv4_dst=<leaf j's /24>       -> output:<port to leaf j>
   prio 100  ARP request                          -> controller (proxy ARP from the plan)
@@ -28,6 +30,7 @@ import struct
 from dataclasses import dataclass
 from typing import Callable, Union
 
+from fabric_emu import spray
 from fabric_emu.plan import FabricPlan, Host, Switch
 from fabric_emu.ports.model import port_ends
 
@@ -36,6 +39,7 @@ ROUTE_TABLE = 1
 PRIO_MAC_CONTROL = 1000
 PRIO_TAG = 100
 PRIO_LOCAL_HOST = 300
+PRIO_SPRAY = 250
 PRIO_PREFIX = 200
 PRIO_ARP = 100
 PRIO_MISS = 0
@@ -43,6 +47,7 @@ PRIO_MISS = 0
 ETH_TYPE_IPV4 = 0x0800
 ETH_TYPE_ARP = 0x0806
 ETH_TYPE_MAC_CONTROL = 0x8808
+IP_PROTO_UDP = 17
 ARP_REQUEST = 1
 ARP_REPLY = 2
 
@@ -118,24 +123,46 @@ Message = Union[ResetSwitch, Flow, Group, PacketOut]
 # --------------------------------------------------------------------------- load balancing seam
 @dataclass(frozen=True)
 class UplinkSpread:
-    """How a leaf spreads traffic over its uplinks: the groups, and the action that enters them."""
+    """How a leaf spreads traffic over its uplinks: the groups, the action that enters them, and
+    finer matches that win over it for the traffic they match (extra match fields, action)."""
 
     groups: tuple[Group, ...]
     action: Action
+    refinements: tuple[tuple[dict, Action], ...] = ()
 
 
-def ecmp_uplinks(plan: FabricPlan, leaf: Switch) -> UplinkSpread:
+@dataclass(frozen=True)
+class LbOptions:
+    """Parameters of the load-balancing modes (from the experiment spec)."""
+
+    spray_entropies: int | None = None  # None: fabric_emu.spray.default_entropies
+
+
+def ecmp_uplinks(plan: FabricPlan, leaf: Switch, options: LbOptions) -> UplinkSpread:
     """One select group, one bucket per uplink, hashed on the IP/UDP 4-tuple."""
     buckets = tuple(Bucket(i, (Output(p.port),)) for i, p in enumerate(plan.uplinks(leaf.name)))
     group = Group(ECMP_GROUP_ID, "select", buckets, ECMP_HASH_FIELDS)
     return UplinkSpread((group,), ToGroup(ECMP_GROUP_ID))
 
 
-# "dlb" (flowlets on observed port load) and "spray" (per packet) add their builders here.
-UPLINK_BUILDERS: dict[str, Callable[[FabricPlan, Switch], UplinkSpread]] = {"ecmp": ecmp_uplinks}
+def spray_uplinks(plan: FabricPlan, leaf: Switch, options: LbOptions) -> UplinkSpread:
+    """UDP packets go up the uplink their source port's low bits name (the NIC rotates those
+    bits per packet, fabric_emu.spray); anything else is spread as ECMP spreads it."""
+    uplinks = plan.uplinks(leaf.name)
+    n = options.spray_entropies or spray.default_entropies(len(uplinks))
+    mask = n - 1
+    refinements = tuple(({"ip_proto": IP_PROTO_UDP, "udp_src": (b, mask)}, Output(uplinks[u].port))
+                        for b, u in enumerate(spray.bucket_uplinks(n, len(uplinks))))
+    ecmp = ecmp_uplinks(plan, leaf, options)
+    return UplinkSpread(ecmp.groups, ecmp.action, refinements)
 
 
-def uplink_builder(lb_mode: str) -> Callable[[FabricPlan, Switch], UplinkSpread]:
+# "dlb" (flowlets on observed port load) adds its builder here.
+UplinkBuilder = Callable[[FabricPlan, Switch, LbOptions], UplinkSpread]
+UPLINK_BUILDERS: dict[str, UplinkBuilder] = {"ecmp": ecmp_uplinks, "spray": spray_uplinks}
+
+
+def uplink_builder(lb_mode: str) -> UplinkBuilder:
     if lb_mode in UPLINK_BUILDERS:
         return UPLINK_BUILDERS[lb_mode]
     if lb_mode in LB_MODES:
@@ -207,9 +234,10 @@ def _ipv4_dst(net: ipaddress.IPv4Network) -> dict:
 class FabricCore:
     """Everything the controller decides, as plain messages, for one plan and LB mode."""
 
-    def __init__(self, plan: FabricPlan, lb_mode: str = "ecmp"):
+    def __init__(self, plan: FabricPlan, lb_mode: str = "ecmp", options: LbOptions = LbOptions()):
         self.plan = plan
         self.lb_mode = lb_mode
+        self.options = options
         self._spread_uplinks = uplink_builder(lb_mode)
         self._switch_by_dpid = {s.dpid: s for s in plan.switches}
         self._host_by_ip = {h.ip: h for h in plan.hosts}
@@ -261,9 +289,14 @@ class FabricCore:
         local = [Flow(ROUTE_TABLE, PRIO_LOCAL_HOST, {"eth_type": ETH_TYPE_IPV4, "ipv4_dst": h.ip},
                       (Output(h.leaf_port),))
                  for h in self.plan.hosts if h.leaf == leaf.name]
-        spread = self._spread_uplinks(self.plan, leaf)
-        remote = [Flow(ROUTE_TABLE, PRIO_PREFIX, _ipv4_dst(net), (spread.action,))
-                  for name, net in self._prefix.items() if name != leaf.name]
+        spread = self._spread_uplinks(self.plan, leaf, self.options)
+        remote = []
+        for name, net in self._prefix.items():
+            if name == leaf.name:
+                continue
+            remote.append(Flow(ROUTE_TABLE, PRIO_PREFIX, _ipv4_dst(net), (spread.action,)))
+            remote += [Flow(ROUTE_TABLE, PRIO_SPRAY, {**_ipv4_dst(net), **extra}, (action,))
+                       for extra, action in spread.refinements]
         return spread.groups, local + remote
 
     def _spine_flows(self, spine: Switch) -> list[Flow]:

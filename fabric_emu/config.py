@@ -57,7 +57,7 @@ Rate = Annotated[float, _unit(units.parse_rate_bps, units.RATE_HELP)]
 Seconds = Annotated[float, _unit(units.parse_time_s, units.TIME_HELP)]
 
 
-IMPLEMENTED_LB = ("ecmp",)
+IMPLEMENTED_LB = ("ecmp", "spray")
 
 
 class Strict(BaseModel):
@@ -321,6 +321,23 @@ class TransportSpec(Strict):
     retry_limit: int = Field(default=7, ge=1, le=7, description="timeouts in a row before the QP fails")
 
 
+class SpraySpec(Strict):
+    """Packet spraying (load_balancing: spray): how many UDP source ports each queue pair rotates
+    through per packet (fabric_emu.spray); the leaves send each one up its own uplink."""
+
+    entropies: Optional[int] = Field(
+        default=None, ge=1, le=64,
+        description="a power of two (default: one per uplink, or 8 per uplink rounded up to a "
+                    "power of two when the uplinks are not)")
+
+    @field_validator("entropies")
+    @classmethod
+    def _power_of_two(cls, v: Optional[int]) -> Optional[int]:
+        if v is not None and v & (v - 1):
+            raise ValueError(f"must be a power of two (1, 2, 4 ... 64), got {v}")
+        return v
+
+
 def resolve_thresholds(e: EcnSpec, p: PfcSpec, buf: int, need_headroom: int) -> tuple[int, int, int, int, int]:
     """(kmin, kmax, headroom, xoff, xon): the given values, or the defaults for this buffer."""
     kmax = e.kmax if e.kmax is not None else min(400_000, buf * 2 // 5)
@@ -346,6 +363,7 @@ class ExperimentSpec(Strict):
     congestion_control: Literal["dcqcn", "none"] = "dcqcn"
     dcqcn: DcqcnSpec = DcqcnSpec()
     transport: TransportSpec = TransportSpec()
+    spray: SpraySpec = SpraySpec()
 
     @field_validator("load_balancing")
     @classmethod

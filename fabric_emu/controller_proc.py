@@ -90,7 +90,8 @@ class ControllerProcess:
 
 
 def start_controller(plan_path: str | os.PathLike, workdir: str | os.PathLike,
-                     port: int | None = None, lb_mode: str = "ecmp") -> ControllerProcess:
+                     port: int | None = None, lb_mode: str = "ecmp",
+                     spray_entropies: int | None = None) -> ControllerProcess:
     """Start the controller for a plan JSON and return at once; wait_ready once switches exist."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -101,6 +102,8 @@ def start_controller(plan_path: str | os.PathLike, workdir: str | os.PathLike,
     cmd = [sys.executable, "-m", "controller", "--plan", str(Path(plan_path).resolve()),
            "--ready-file", str(ready_file.resolve()), "--ofp-port", str(port),
            "--listen", LISTEN_HOST, "--lb-mode", lb_mode]
+    if spray_entropies is not None:
+        cmd += ["--spray-entropies", str(spray_entropies)]
     with log_file.open("ab") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)

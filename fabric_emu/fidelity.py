@@ -46,6 +46,7 @@ class CpuMonitor(Sampler):
         self._ovs_pid: int | None = None
         self._batches: BatchSampler | None = None
         self.ovs_batches: list[float] = []  # OVS main thread's avg output batch, per sample
+        self.ovs_packets = self.ovs_upcalls = 0  # what its flow cache saw over the whole phase
 
     def watch(self, pid: int, label: str) -> None:
         """Sample every thread of this process from now on (cheap: call it for each of 128
@@ -77,6 +78,8 @@ class CpuMonitor(Sampler):
             return
         batch = stats["output_batch"] if stats["packets"] else 0.0
         self.ovs_batches.append(batch)
+        self.ovs_packets += stats["packets"]
+        self.ovs_upcalls += stats["upcalls"]
         self.threads.mark_behind(self._ovs_pid, self._ovs_pid, batch >= BEHIND_BATCH)
 
     def summary(self) -> dict:
@@ -90,6 +93,10 @@ class CpuMonitor(Sampler):
             "ovs_output_batch": ({"mean": round(sum(self.ovs_batches) / len(self.ovs_batches), 2),
                                   "max": round(max(self.ovs_batches), 2), "behind_at": BEHIND_BATCH}
                                  if self.ovs_batches else None),
+            # Flow-cache misses sent to the OpenFlow tables: each costs far more than a cached
+            # packet (e.g. a select group hashing a field that varies per packet makes many).
+            "ovs_datapath": ({"packets": self.ovs_packets, "upcalls": self.ovs_upcalls}
+                             if self.ovs_batches else None),
             "threads": busiest_per_label(rows, TOP_THREADS),
             "saturated_threads": sorted((r for r in rows if r["saturated_fraction"] > SATURATED_SAMPLES),
                                         key=lambda r: -r["saturated_fraction"]),

@@ -28,15 +28,21 @@ RUNDIRS = ("/var/run/openvswitch", "/run/openvswitch")
 
 
 def parse_main_thread(text: str) -> dict | None:
-    """{"packets": received, "output_batch": avg packets per output batch} of the main
-    thread's section of pmd-stats-show; None when it has none (no netdev bridge)."""
+    """{"packets": received, "output_batch": avg packets per output batch, "upcalls": misses
+    of the flow cache that went up to the OpenFlow tables} of the main thread's section of
+    pmd-stats-show; None when it has none (no netdev bridge)."""
     m = re.search(r"^main thread:\n((?:[ \t].*\n?)*)", text, re.M)
     if not m:
         return None
     body = m.group(1)
-    rx = re.search(r"packets received:\s*(\d+)", body)
+
+    def count(label: str) -> int:
+        found = re.search(label + r":\s*(\d+)", body)
+        return int(found.group(1)) if found else 0
+
     batch = re.search(r"avg\. packets per output batch:\s*([\d.]+)", body)
-    return {"packets": int(rx.group(1)) if rx else 0, "output_batch": float(batch.group(1)) if batch else 0.0}
+    return {"packets": count("packets received"), "output_batch": float(batch.group(1)) if batch else 0.0,
+            "upcalls": count("miss with success upcall") + count("miss with failed upcall")}
 
 
 class Unixctl:

@@ -16,7 +16,7 @@ class RoutedFabric:
     """Used by `fabric-emu run` and the start-up benchmark, so both measure the same thing."""
 
     def __init__(self, plan: FabricPlan, record: RunRecord, workdir: Path, lb_mode: str = "ecmp",
-                 ports: PortPlan | None = None):
+                 ports: PortPlan | None = None, spray_entropies: int | None = None):
         self.plan = plan
         self.port_plan = ports or port_plan(plan, *default_settings(plan))
         self.ports: LosslessPorts | None = None
@@ -24,6 +24,7 @@ class RoutedFabric:
         self.record = record
         self.workdir = workdir
         self.lb_mode = lb_mode
+        self.spray_entropies = spray_entropies
         self.ctrl: ControllerProcess | None = None
         self.fabric: Fabric | None = None
 
@@ -32,7 +33,8 @@ class RoutedFabric:
         (most of our start-up margin over raw Mininet); switches start once it listens."""
         plan_path = self.workdir / "plan.json"
         plan_path.write_text(self.plan.to_json())
-        self.ctrl = start_controller(plan_path, self.workdir, lb_mode=self.lb_mode)
+        self.ctrl = start_controller(plan_path, self.workdir, lb_mode=self.lb_mode,
+                                     spray_entropies=self.spray_entropies)
         self.record.add_process(self.ctrl.pid, "controller")
         self.fabric = Fabric(self.plan, self.record, self.ctrl.port, self.port_plan)
         self.fabric.build()

@@ -171,10 +171,12 @@ class Runner:
     def _bring_up(self, record: RunRecord, workdir: Path):
         from fabric_emu.ports.model import port_plan, settings_of
         from fabric_emu.routed import RoutedFabric
+        from fabric_emu.workload import spray_entropies
 
         t = time.monotonic()
         ports = port_plan(self.plan, *settings_of(self.spec))
-        self.routed = RoutedFabric(self.plan, record, workdir, self.spec.load_balancing, ports=ports)
+        self.routed = RoutedFabric(self.plan, record, workdir, self.spec.load_balancing, ports=ports,
+                                   spray_entropies=spray_entropies(self.spec, self.plan) or None)
         self.routed.up(READY_TIMEOUT_S)
         self.times["bring_up"] = time.monotonic() - t
         self.say(f"fabric up and routed in {self.times['bring_up']:.1f}s")
@@ -206,7 +208,8 @@ class Runner:
             row.max_backlog_bytes = queues.max_backlog.get(row.intf, 0)
         queues.shift(self._go_monotonic({"agents": agents, "traffic_start": queues.start}))
         ok = agents and all(a.get("status") == "ok" for a in agents.values())
-        self.routed.fabric.annotate_uplinks(agents)
+        if self.spec.load_balancing == "ecmp":  # spraying QPs take every uplink, no one path
+            self.routed.fabric.annotate_uplinks(agents)
         self.traffic = {"status": "ok" if ok and not cut_short else "incomplete", "agents": agents,
                         "ports": ports, "queues": queues.rows, "cpu": cpu.summary(),
                         "traffic_start": t, "thresholds": lossless.installed(), "nics": nics}

@@ -95,6 +95,9 @@ def transport_totals(agents: dict[str, dict]) -> dict:
         "timeouts": sum(q.get("timeouts", 0) for q in send),
         "duplicates": sum(q.get("duplicates", 0) for q in recv),
         "out_of_sequence": sum(q.get("out_of_sequence", 0) for q in recv),
+        # spraying: packets that arrived ahead of a gap and were placed by PSN (reordering, not
+        # loss: they count as received, and nothing is resent for them)
+        "out_of_order": sum(q.get("out_of_order", 0) for q in recv),
         "acks_sent": sum(q.get("acks_sent", 0) for q in recv),
         "ecn_ce_received": sum(q.get("ecn_ce", 0) for q in recv),
         # DCQCN: CNPs the receivers sent for CE marks, CNPs the senders got, the QPs it slowed
@@ -289,12 +292,13 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
 def cpu_section(cpu: dict) -> dict:
     """summary.json's `cpu`: the machine (busy_mean, busy_max, saturated_fraction of all
     cores), `threads`, the busiest thread of each watched process (busy fractions of one
-    core), busiest first, and OVS's average output batch (packets waiting at each poll)."""
+    core), busiest first, OVS's average output batch (packets waiting at each poll) and its
+    flow cache's packets and upcalls over the run."""
     return {"cores": cpu.get("cores"), "samples": cpu.get("samples"), "interval_s": cpu.get("interval_s"),
             "busy_mean": cpu.get("cpu_busy_mean"), "busy_max": cpu.get("cpu_busy_max"),
             "saturated_fraction": cpu.get("cpu_saturated_fraction"),
             "watched": cpu.get("watched", []), "threads": cpu.get("threads", []),
-            "ovs_output_batch": cpu.get("ovs_output_batch")}
+            "ovs_output_batch": cpu.get("ovs_output_batch"), "ovs_datapath": cpu.get("ovs_datapath")}
 
 
 def flow_rows(plan: FabricPlan, agents: dict[str, dict]) -> list[dict]:
@@ -319,7 +323,8 @@ def flow_rows(plan: FabricPlan, agents: dict[str, dict]) -> list[dict]:
                 "bytes": q["bytes"], "packets": q["packets"],
                 "duration_s": (last - first) if first and last else None,
                 "rx_bytes": r.get("bytes"), "rx_duplicates": r.get("duplicates"),
-                "rx_out_of_sequence": r.get("out_of_sequence"), "rx_ecn_ce": r.get("ecn_ce"),
+                "rx_out_of_sequence": r.get("out_of_sequence"), "rx_out_of_order": r.get("out_of_order"),
+                "rx_ecn_ce": r.get("ecn_ce"),
                 "retransmitted": q.get("retransmitted", 0), "naks": q.get("naks", 0),
                 "timeouts": q.get("timeouts", 0),
                 "start_s": first - go if first and go else None,
@@ -380,6 +385,8 @@ def print_summary(out: Console, s: dict, run_dir: Path) -> None:
         tr = s["transport"]
         t.add_row("RC: retransmitted pkts / NAKs / timeouts",
                   f"{tr['retransmitted_packets']:,} / {tr['naks']:,} / {tr['timeouts']:,}", "")
+        if s.get("load_balancing") == "spray":
+            t.add_row("packets out of order (placed by PSN)", f"{tr.get('out_of_order', 0):,}", "")
         t.add_row("CE received / CNPs sent / received",
                   f"{tr['ecn_ce_received']:,} / {tr['cnp_sent']:,} / {tr['cnp_received']:,}", "")
         if tr["min_qp_rate_gbps"] is not None:

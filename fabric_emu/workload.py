@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from fabric_emu import traffic
+from fabric_emu import spray, traffic
 from fabric_emu.agent.config import (AgentConfig, DcqcnConfig, EngineConfig, FlowConfig, FlowsConfig,
                                      RankInfo, RingConfig, TransportConfig)
 from fabric_emu.config import AllReduceWorkload, ExperimentSpec
@@ -55,9 +55,18 @@ def agent_configs(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], work
             seed=spec.seed, stats_path=str(workdir / f"agent-{h}.json"), timeout_s=spec.timeout,
             dcqcn=dcqcn_config(spec, plan, h), transport=transport, netns=netns_of(h),
             ifname=plan.host_by_name[h].intf, link_mtu=plan.mtu,
+            spray_entropies=spray_entropies(spec, plan),
         )
         for i, h in enumerate(ranks)
     ]
+
+
+def spray_entropies(spec: ExperimentSpec, plan: FabricPlan) -> int:
+    """UDP source ports per QP under packet spraying; 0 when the fabric does not spray."""
+    if spec.load_balancing != "spray":
+        return 0
+    return spray.plan_entropies([len(plan.uplinks(leaf.name)) for leaf in plan.leaves],
+                                spec.spray.entropies)
 
 
 def tick_s(plan: FabricPlan) -> float:

@@ -144,6 +144,9 @@ class AgentConfig(_JsonFile):
     netns: Optional[str] = None  # the host's namespace (/proc/<pid>/ns/net); None: this one
     ifname: str = "eth0"  # the host's NIC inside its namespace (its per-QP rate classes)
     link_mtu: int = Field(default=9000, ge=576, description="the link's IP MTU")
+    # Packet spraying: UDP source ports each send QP rotates through per packet (a power of two;
+    # 0: one port, no spraying); receivers then place packets by PSN (reordering is no loss).
+    spray_entropies: int = Field(default=0, ge=0, le=64)
 
     @model_validator(mode="after")
     def _ring_is_consistent(self) -> "AgentConfig":

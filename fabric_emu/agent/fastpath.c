@@ -76,45 +76,72 @@ static inline void put_le32(uint8_t *p, uint32_t v) {
     p[0] = v; p[1] = v >> 8; p[2] = v >> 16; p[3] = v >> 24;
 }
 
+static uint8_t tx_headers[FE_TX_BATCH][FE_HEADER_MAX];
+static uint8_t tx_icrcs[FE_TX_BATCH][ICRC_LEN];
+static struct iovec tx_iov[FE_TX_BATCH][3];
+static struct mmsghdr tx_msgs[FE_TX_BATCH];
+
+static int template_ok(const struct fe_tmpl *t) {
+    return t->header_len <= FE_HEADER_MAX && t->body_len <= FE_ZEROS;
+}
+
+// Packet PSN p of template t into slot i of the send buffers: its header and its ICRC.
+static void prepare(int i, const struct sockaddr_in *to, const struct fe_tmpl *t, uint32_t p,
+                    int ack, uint32_t dma_len) {
+    uint8_t *h = tx_headers[i];
+    uint32_t crc = t->crc ^ t->psn_tab[0][p >> 16] ^ t->psn_tab[1][p >> 8 & 0xFF]
+                 ^ t->psn_tab[2][p & 0xFF] ^ (ack ? t->ackreq_delta : 0);
+    memcpy(h, t->header, t->header_len);
+    put_be32(h + 8, p | (ack ? ACKREQ : 0));
+    if (t->has_dma) {
+        put_be32(h + BTH_LEN + 12, dma_len);
+        crc ^= t->dma_tab[0][dma_len >> 24] ^ t->dma_tab[1][dma_len >> 16 & 0xFF]
+             ^ t->dma_tab[2][dma_len >> 8 & 0xFF] ^ t->dma_tab[3][dma_len & 0xFF];
+    }
+    put_le32(tx_icrcs[i], crc);
+    tx_iov[i][0] = (struct iovec){h, t->header_len};
+    tx_iov[i][1] = (struct iovec){(void *)zeros, t->body_len};
+    tx_iov[i][2] = (struct iovec){tx_icrcs[i], ICRC_LEN};
+    tx_msgs[i].msg_hdr = (struct msghdr){.msg_name = (void *)to, .msg_namelen = sizeof(*to),
+                                         .msg_iov = tx_iov[i], .msg_iovlen = 3};
+}
+
 // Send `count` packets of template t with PSNs psn, psn+1, ...; AckReq on the last one if
 // ackreq_last; dma_len into the RETH (templates with one). Returns the packets the socket
 // took (it stops at a full socket), or -errno when it took none.
 int fe_send_run(int fd, const struct sockaddr_in *to, const struct fe_tmpl *t,
                 uint32_t psn, uint32_t count, int ackreq_last, uint32_t dma_len) {
-    static uint8_t headers[FE_TX_BATCH][FE_HEADER_MAX];
-    static uint8_t icrcs[FE_TX_BATCH][ICRC_LEN];
-    static struct iovec iov[FE_TX_BATCH][3];
-    static struct mmsghdr msgs[FE_TX_BATCH];
-    if (t->header_len > FE_HEADER_MAX || t->body_len > FE_ZEROS) return -EINVAL;
-    uint32_t base = t->crc;
-    if (t->has_dma)
-        base ^= t->dma_tab[0][dma_len >> 24] ^ t->dma_tab[1][dma_len >> 16 & 0xFF]
-              ^ t->dma_tab[2][dma_len >> 8 & 0xFF] ^ t->dma_tab[3][dma_len & 0xFF];
+    if (!template_ok(t)) return -EINVAL;
     uint32_t done = 0;
     while (done < count) {
         uint32_t n = count - done < FE_TX_BATCH ? count - done : FE_TX_BATCH;
-        for (uint32_t i = 0; i < n; i++) {
-            uint32_t p = (psn + done + i) & PSN_MASK;
-            int ack = ackreq_last && done + i == count - 1;
-            uint8_t *h = headers[i];
-            memcpy(h, t->header, t->header_len);
-            put_be32(h + 8, p | (ack ? ACKREQ : 0));
-            if (t->has_dma) put_be32(h + BTH_LEN + 12, dma_len);
-            uint32_t crc = base ^ t->psn_tab[0][p >> 16] ^ t->psn_tab[1][p >> 8 & 0xFF]
-                         ^ t->psn_tab[2][p & 0xFF] ^ (ack ? t->ackreq_delta : 0);
-            put_le32(icrcs[i], crc);
-            iov[i][0] = (struct iovec){h, t->header_len};
-            iov[i][1] = (struct iovec){(void *)zeros, t->body_len};
-            iov[i][2] = (struct iovec){icrcs[i], ICRC_LEN};
-            msgs[i].msg_hdr = (struct msghdr){.msg_name = (void *)to, .msg_namelen = sizeof(*to),
-                                              .msg_iov = iov[i], .msg_iovlen = 3};
-        }
-        int sent = sendmmsg(fd, msgs, n, MSG_DONTWAIT);
+        for (uint32_t i = 0; i < n; i++)
+            prepare(i, to, t, (psn + done + i) & PSN_MASK,
+                    ackreq_last && done + i == count - 1, dma_len);
+        int sent = sendmmsg(fd, tx_msgs, n, MSG_DONTWAIT);
         if (sent < 0) return done ? (int)done : -errno;
         done += sent;
         if ((uint32_t)sent < n) break;  // the socket is full
     }
     return (int)done;
+}
+
+// Packet spraying: packet PSN p leaves through socket p mod n (n a power of two) with that
+// socket's template (its own UDP source port, hence its own ICRC), so consecutive packets
+// rotate through the QP's entropy values. One sendmsg per packet, since each goes through
+// another socket. Returns as fe_send_run: it stops at the first socket that is full.
+int fe_send_spray(const int *fds, const struct sockaddr_in *to, const struct fe_tmpl *const *tmpls,
+                  uint32_t n, uint32_t psn, uint32_t count, int ackreq_last, uint32_t dma_len) {
+    if (n == 0 || (n & (n - 1))) return -EINVAL;
+    for (uint32_t j = 0; j < n; j++)
+        if (!template_ok(tmpls[j])) return -EINVAL;
+    for (uint32_t done = 0; done < count; done++) {
+        uint32_t p = (psn + done) & PSN_MASK;
+        prepare(0, to, tmpls[p & (n - 1)], p, ackreq_last && done == count - 1, dma_len);
+        if (sendmsg(fds[p & (n - 1)], &tx_msgs[0].msg_hdr, MSG_DONTWAIT) < 0)
+            return done ? (int)done : -errno;
+    }
+    return (int)count;
 }
 
 static inline uint32_t overhead(uint8_t opcode) {

@@ -83,6 +83,9 @@ def library() -> ctypes.CDLL:
     lib.fe_send_run.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32,
                                 ctypes.c_uint32, ctypes.c_int, ctypes.c_uint32]
     lib.fe_send_run.restype = ctypes.c_int
+    lib.fe_send_spray.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32,
+                                  ctypes.c_uint32, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint32]
+    lib.fe_send_spray.restype = ctypes.c_int
     lib.fe_recv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
     lib.fe_recv.restype = ctypes.c_int
     return lib
@@ -111,16 +114,22 @@ def template(fields: roce.TemplateFields) -> Template:
 
 
 class QpSender:
-    """Sends one QP's packets through its socket, a run per call."""
+    """Sends one QP's packets, a run per call: through its socket, or when spraying through its
+    sockets in turn (one per UDP source port; packet PSN p through socket p mod their number)."""
 
-    def __init__(self, packets: roce.QpPackets, sock: socket.socket, dst_ip: str):
+    def __init__(self, packets: list[roce.QpPackets], socks: list[socket.socket], dst_ip: str):
+        if len(packets) != len(socks) or len(socks) & (len(socks) - 1) or not socks:
+            raise ValueError("one QpPackets per socket, and a power of two of sockets")
         self._lib = library()
         self._packets = packets
-        self._fd = sock.fileno()
+        self._fd = socks[0].fileno()
+        self._fds = (ctypes.c_int * len(socks))(*(s.fileno() for s in socks))
+        self._spray = len(socks) > 1
         self._addr = sockaddr(dst_ip, roce.ROCE_UDP_PORT)
         self._addr_p = ctypes.addressof(self._addr)
-        # (opcode, data_len) -> (template, its address, UDP payload length); keeps Template alive
-        self._templates: dict[int, tuple[Template, int, int]] = {}
+        # (opcode, data_len) -> (templates, the address to pass, UDP payload length); the entry
+        # keeps the Template objects alive while C holds their addresses
+        self._templates: dict[int, tuple[object, int, int]] = {}
 
     def send_run(self, opcode: int, psn: int, data_len: int, count: int, ackreq_last: bool,
                  message_len: int) -> tuple[int, int]:
@@ -132,19 +141,28 @@ class QpSender:
         t = self._templates.get(key)
         if t is None:
             t = self._add_template(key, opcode, data_len)
-        n = self._lib.fe_send_run(self._fd, self._addr_p, t[1], psn, count, ackreq_last,
-                                  message_len)
+        if self._spray:
+            n = self._lib.fe_send_spray(ctypes.addressof(self._fds), self._addr_p, t[1],
+                                        len(self._fds), psn, count, ackreq_last, message_len)
+        else:
+            n = self._lib.fe_send_run(self._fd, self._addr_p, t[1], psn, count, ackreq_last,
+                                      message_len)
         if n < 0:
             if -n in (errno.EAGAIN, errno.ENOBUFS):
                 return 0, t[2]
             raise OSError(-n, os.strerror(-n))
         return n, t[2]
 
-    def _add_template(self, key: int, opcode: int, data_len: int) -> tuple[Template, int, int]:
+    def _add_template(self, key: int, opcode: int, data_len: int) -> tuple[object, int, int]:
         if len(self._templates) >= MAX_TEMPLATES:
             self._templates.clear()
-        tmpl = template(self._packets.fields(opcode, data_len))
-        entry = (tmpl, ctypes.addressof(tmpl), roce.udp_payload_len(opcode, data_len))
+        tmpls = [template(p.fields(opcode, data_len)) for p in self._packets]
+        udp_len = roce.udp_payload_len(opcode, data_len)
+        if self._spray:  # an array of the templates' addresses
+            table = (ctypes.c_void_p * len(tmpls))(*(ctypes.addressof(t) for t in tmpls))
+            entry = ((tmpls, table), ctypes.addressof(table), udp_len)
+        else:
+            entry = (tmpls, ctypes.addressof(tmpls[0]), udp_len)
         self._templates[key] = entry
         return entry
 

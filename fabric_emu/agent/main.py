@@ -133,7 +133,7 @@ def _open_host(cfg: AgentConfig, tick_s: float) -> Host:
     send, recv, make_driver = _queue_pairs(cfg)
     setup = NicSetup(host=cfg.host, ip=cfg.ip, rate_bps=cfg.rate_bps, roce_mtu=cfg.roce_mtu,
                      link_mtu=cfg.link_mtu, transport=cfg.transport,
-                     tick_s=tick_s, dcqcn=_dcqcn(cfg))
+                     tick_s=tick_s, dcqcn=_dcqcn(cfg), spray_entropies=cfg.spray_entropies)
     ports = [qp.udp_sport for qp in send]
     opener = lambda: open_sockets(setup, ports, cfg.ifname)  # noqa: E731
     socks = run_in_netns(cfg.netns, opener) if cfg.netns else opener()

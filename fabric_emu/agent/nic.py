@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from fabric_emu import roce
+from fabric_emu import roce, spray
 from fabric_emu.agent import fastpath
 from fabric_emu.agent.config import TransportConfig
 from fabric_emu.agent.qps import QueuePair
-from fabric_emu.agent.transport import Requester, Responder
+from fabric_emu.agent.transport import ReorderingResponder, Requester, Responder
 from fabric_emu.cc.dcqcn import DcqcnParams, NotificationPoint, ReactionPoint
 from fabric_emu.ports.qp_limiter import QpLimiter, qp_mark
 
@@ -70,14 +70,15 @@ class SendQp:
     """Requester side of a QP: its socket, its packets, its transport and DCQCN state."""
 
     def __init__(self, k: int, qp: QueuePair, src_ip: str, dst_ip: str, mtu: int,
-                 sock: socket.socket, transport: TransportConfig):
+                 socks: list[socket.socket], transport: TransportConfig):
         self.k = k  # the QP's index in the host: its mark and rate class
         self.qp = qp
         self.dst_ip = dst_ip
-        self.sock = sock
+        self.socks = socks  # one, or when spraying one per UDP source port, all in one rate class
         self.req = Requester(qp.start_psn, mtu, transport.rto_s, transport.retry_limit)
-        self.packets = roce.QpPackets(src_ip, dst_ip, qp.udp_sport, qp.dst_qpn, mtu, rkey=qp.dst_qpn)
-        self.sender = fastpath.QpSender(self.packets, sock, dst_ip)
+        packets = [roce.QpPackets(src_ip, dst_ip, s.getsockname()[1], qp.dst_qpn, mtu, rkey=qp.dst_qpn)
+                   for s in socks]
+        self.sender = fastpath.QpSender(packets, socks, dst_ip)
         self.rp: ReactionPoint | None = None
         self.rate_bps: float | None = None  # the kernel class's rate now (modelled), if limited
         self.min_rate_bps: float | None = None
@@ -120,9 +121,12 @@ class SendQp:
 class RecvQp:
     """Responder side of a QP: in-order acceptance, ACK/NAK replies, CE marks and CNPs."""
 
-    def __init__(self, qp: QueuePair, ack_every: int):
+    def __init__(self, qp: QueuePair, ack_every: int, reordering: bool = False):
         self.qp = qp
-        self.resp = Responder(qp.start_psn, ack_every)
+        # Spraying: packets of one QP take different paths, so place them by PSN (never NAK).
+        self.resp: Responder | ReorderingResponder = (
+            ReorderingResponder(qp.start_psn, ack_every) if reordering
+            else Responder(qp.start_psn, ack_every))
         self.acks: roce.AckWriter | None = None  # set by the NIC once its control port is known
         self.ack_addr = ("", 0)
         self.np: NotificationPoint | None = None
@@ -150,7 +154,8 @@ class RecvQp:
         return {"qpn": self.qp.dst_qpn, "remote_qpn": self.qp.src_qpn, "src": self.qp.src,
                 "udp_src": self.qp.udp_sport, "bytes": r.bytes, "packets": r.packets,
                 "messages": r.messages, "duplicates": r.duplicates,
-                "out_of_sequence": r.out_of_sequence, "acks_sent": r.acks_sent,
+                "out_of_sequence": r.out_of_sequence, "out_of_order": getattr(r, "out_of_order", 0),
+                "acks_sent": r.acks_sent,
                 "naks_sent": r.naks_sent, "ecn_ce": self.ecn_ce, "cnp_sent": self.cnp_sent,
                 "first_rx": self.first_rx, "last_rx": self.last_rx, "rx_series": self._series()}
 
@@ -193,6 +198,7 @@ class NicSetup:
     transport: TransportConfig  # emulated seconds
     tick_s: float  # the engine's longest sleep while sends wait on full sockets
     dcqcn: DcqcnSetup | None = None
+    spray_entropies: int = 0  # UDP source ports per send QP when spraying (0: no spraying)
 
 
 @dataclass
@@ -202,7 +208,7 @@ class HostSockets:
     receive: socket.socket
     control: socket.socket  # ACKs and NAKs: RoCE DSCP, not ECN-capable
     cnp: socket.socket
-    qps: list[socket.socket]
+    qps: list[list[socket.socket]]  # per send QP: one socket, or one per entropy when spraying
     limiter: QpLimiter
     netlink: socket.socket
 
@@ -212,16 +218,19 @@ def max_frame(roce_mtu: int) -> int:
 
 
 def socket_budget(setup: NicSetup, rate_bps: float) -> tuple[int, float]:
-    """(send buffer bytes, seconds its packets may wait in the kernel) for a QP at rate_bps
-    (emulated): two engine ticks of packets at that rate, at least MIN_QUEUED_PACKETS.
+    """(send buffer bytes of each of its sockets, seconds its packets may wait in the kernel) for
+    a QP at rate_bps (emulated): two engine ticks of packets at that rate, at least
+    MIN_QUEUED_PACKETS per socket (a spraying QP shares the budget among its sockets).
 
     The retransmission timer starts when a packet is handed to the kernel, but a NIC starts it
     when the packet leaves: the wait allowed here is added to the timeout, and shrinking the
     buffer with the rate keeps that wait short. (A timer that still expires while the QP's
     packets are queued, behind a pause, is held: HostNic.on_timers.)"""
     frame = max_frame(setup.roce_mtu)
-    packets = max(MIN_QUEUED_PACKETS, int(2 * setup.tick_s * rate_bps / 8 / frame) + 1)
-    return packets * frame * TRUESIZE_FACTOR, packets * frame * 8 / rate_bps
+    sockets = max(1, setup.spray_entropies)
+    packets = int(2 * setup.tick_s * rate_bps / 8 / frame) + 1
+    per_socket = max(MIN_QUEUED_PACKETS, -(-packets // sockets))
+    return per_socket * frame * TRUESIZE_FACTOR, per_socket * sockets * frame * 8 / rate_bps
 
 
 def open_sockets(setup: NicSetup, send_ports: list[int], ifname: str) -> HostSockets:
@@ -229,7 +238,12 @@ def open_sockets(setup: NicSetup, send_ports: list[int], ifname: str) -> HostSoc
     from fabric_emu.ports.queues import netlink_socket
 
     sndbuf = socket_budget(setup, setup.rate_bps)[0]
-    qps = [_send_socket(setup.ip, port, qp_mark(k), sndbuf) for k, port in enumerate(send_ports)]
+    if setup.spray_entropies:
+        qps = [[_send_socket(setup.ip, p, qp_mark(k), sndbuf, shared=True)
+                for p in spray.entropy_ports(port, setup.spray_entropies)]
+               for k, port in enumerate(send_ports)]
+    else:
+        qps = [[_send_socket(setup.ip, port, qp_mark(k), sndbuf)] for k, port in enumerate(send_ports)]
     nl = netlink_socket(None)
     limiter = QpLimiter(nl, socket.if_nametoindex(ifname), setup.link_mtu)
     return HostSockets(_receive_socket(setup.ip), _control_socket(setup.ip, TOS_ACK),
@@ -250,7 +264,8 @@ class HostNic:
         t = setup.transport
         self.send_qps = [SendQp(k, qp, setup.ip, ip_of[qp.dst], setup.roce_mtu, socks.qps[k], t)
                          for k, qp in enumerate(send_qps)]
-        self.recv_qps = [RecvQp(qp, t.ack_every) for qp in recv_qps]
+        self.recv_qps = [RecvQp(qp, t.ack_every, reordering=setup.spray_entropies > 0)
+                         for qp in recv_qps]
         self._recv_by_qpn = {rq.qp.dst_qpn: rq for rq in self.recv_qps}
         self._send_by_qpn = {sq.qp.src_qpn: sq for sq in self.send_qps}
         self._active: deque[SendQp] = deque()  # QPs with packets waiting, in round-robin order
@@ -286,7 +301,7 @@ class HostNic:
 
     def close(self) -> None:
         s = self.socks
-        for sock in (s.receive, s.control, s.cnp, *s.qps, s.netlink):
+        for sock in (s.receive, s.control, s.cnp, *(q for qp in s.qps for q in qp), s.netlink):
             sock.close()
         self.log.close()
 
@@ -356,7 +371,7 @@ class HostNic:
     def on_timers(self, sq: SendQp, now: float) -> None:
         """Run the QP's due timers: retransmission timeout and DCQCN's rate/alpha timers."""
         deadline = sq.req.deadline
-        if deadline is not None and now >= deadline and _unsent_bytes(sq.sock):
+        if deadline is not None and now >= deadline and any(map(_unsent_bytes, sq.socks)):
             sq.req.hold(now)  # still queued in the kernel (paused, or a slow rate class)
             self.timer_holds += 1
         elif deadline is not None and now >= deadline:
@@ -387,7 +402,8 @@ class HostNic:
         emulated = modelled / self.dcqcn.dilation
         self.socks.limiter.set_rate(sq.k, emulated)
         sndbuf, wait_s = socket_budget(self.setup, emulated)
-        sq.sock.setsockopt(socket.SOL_SOCKET, SO_SNDBUFFORCE, sndbuf // 2)
+        for sock in sq.socks:
+            sock.setsockopt(socket.SOL_SOCKET, SO_SNDBUFFORCE, sndbuf // 2)
         sq.req.rto_s = self.setup.transport.rto_s + wait_s
         if rate is not None and (sq.min_rate_bps is None or rate < sq.min_rate_bps):
             sq.min_rate_bps = rate
@@ -508,10 +524,12 @@ def _receive_socket(ip: str) -> socket.socket:
     return s
 
 
-def _roce_socket(ip: str, port: int, tos: int) -> socket.socket:
+def _roce_socket(ip: str, port: int, tos: int, reuse: bool = False) -> socket.socket:
     """UDP checksum 0, DF set on an UNCONNECTED socket: Linux then writes IP ID 0, which the
     ICRC covers (fabric_emu.roce)."""
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    if reuse:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.setsockopt(socket.SOL_SOCKET, SO_NO_CHECK, 1)
     s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
     s.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
@@ -526,10 +544,12 @@ def _control_socket(ip: str, tos: int) -> socket.socket:
     return s
 
 
-def _send_socket(ip: str, sport: int, mark: int, sndbuf: int) -> socket.socket:
+def _send_socket(ip: str, sport: int, mark: int, sndbuf: int, shared: bool = False) -> socket.socket:
     """A QP's socket: its fixed source port (the QP's ECMP entropy), RoCE DSCP + ECT(0), the
-    QP's mark (its kernel rate class), and a send buffer that bounds what waits in the kernel."""
-    s = _roce_socket(ip, sport, roce.TOS_ROCE)
+    QP's mark (its kernel rate class), and a send buffer that bounds what waits in the kernel.
+    shared: the port may also be another QP's (spraying QPs' port sets can overlap); these
+    sockets only send, so sharing a port is harmless."""
+    s = _roce_socket(ip, sport, roce.TOS_ROCE, reuse=shared)
     s.setsockopt(socket.SOL_SOCKET, SO_MARK, mark)
     s.setsockopt(socket.SOL_SOCKET, SO_SNDBUFFORCE, sndbuf // 2)  # the kernel doubles it
     return s

@@ -514,3 +514,20 @@ class ReorderingResponder(_Acking):
             if nxt is None:
                 return want_ack or self._unacked >= self.ack_every
             ends, ackreq = nxt
+
+    def on_run(self, psn: int, count: int, data_bytes: int) -> tuple[int, int] | None:
+        """`count` WRITE MIDDLE packets with consecutive PSNs from psn, none asking for an ACK
+        (as the NIC's receive path merges them): on_packet for each; the last reply due."""
+        per = data_bytes // count if count else 0
+        reply = None
+        for i in range(count):
+            r = self.on_packet(_MIDDLE, (psn + i) & PSN_MASK, per, False)
+            if r is not None:
+                reply = r
+        return reply
+
+    @property
+    def out_of_sequence(self) -> int:
+        """Packets discarded for their PSN: here only those beyond the window (the in-order
+        responder's name, so the NIC's stats and the summary count both alike)."""
+        return self.beyond_window

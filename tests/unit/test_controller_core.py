@@ -11,8 +11,9 @@ import pytest
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import ARP, Ether
 
-from controller.core import (ECMP_HASH_FIELDS, FabricCore, Flow, Group, Output, PacketOut,
+from controller.core import (ECMP_HASH_FIELDS, FabricCore, Flow, Group, LbOptions, Output, PacketOut,
                              ResetSwitch, ToController, ToGroup)
+from fabric_emu import spray
 from fabric_emu.config import TopologySpec
 from fabric_emu.plan import FabricPlan, Host, build_plan
 
@@ -32,7 +33,10 @@ def core(plan: FabricPlan) -> FabricCore:
 def _matches(match: dict, pkt: dict) -> bool:
     for field, want in match.items():
         have = pkt.get(field)
-        if isinstance(want, tuple):  # (address, mask)
+        if isinstance(want, tuple) and isinstance(want[0], int):  # (value, bit mask)
+            if have is None or have & want[1] != want[0]:
+                return False
+        elif isinstance(want, tuple):  # (address, mask)
             net = ipaddress.ip_network(f"{want[0]}/{want[1]}")
             if have is None or ipaddress.ip_address(have) not in net:
                 return False
@@ -162,10 +166,35 @@ def test_non_arp_request_packet_in_produces_nothing(plan, core):
 
 
 # --------------------------------------------------------------------------- modes
-@pytest.mark.parametrize("mode", ["dlb", "spray"])
-def test_planned_modes_raise_not_implemented(plan, mode):
+def test_planned_modes_raise_not_implemented(plan):
     with pytest.raises(ValueError, match="not implemented yet"):
-        FabricCore(plan, mode)
+        FabricCore(plan, "dlb")
+
+
+@pytest.mark.parametrize("spines,entropies", [(4, None), (4, 16), (2, None), (3, None)])
+def test_spray_sends_each_entropy_value_up_its_own_uplink(spines, entropies):
+    """A QP's UDP source ports (fabric_emu.spray.entropy_ports) map onto the uplinks exactly as
+    spray.shares says; traffic that is not UDP still goes through the ECMP group."""
+    plan = build_plan(TopologySpec(name="t", kind="leaf-spine", spines=spines, leaves=2,
+                                   hosts_per_leaf=1))
+    core = FabricCore(plan, "spray", LbOptions(entropies))
+    h1, h2 = plan.host_by_name["h1"], plan.host_by_name["h2"]
+    leaf1 = plan.switch_by_name[h1.leaf]
+    msgs = core.switch_up(leaf1.dpid)
+    n = entropies or spray.default_entropies(spines)
+    uplink_of_port = {p.port: p.peer for p in plan.uplinks(leaf1.name)}
+    per_uplink: dict[str, int] = {}
+    for sport in spray.entropy_ports(0xC123, n):
+        pkt = {"eth_type": 0x0800, "ipv4_src": h1.ip, "ipv4_dst": h2.ip, "ip_proto": 17,
+               "udp_src": sport, "udp_dst": 4791}
+        (out,) = _out_ports(msgs, pkt)  # one uplink, no group
+        per_uplink[uplink_of_port[out]] = per_uplink.get(uplink_of_port[out], 0) + 1
+    assert sorted(c / n for c in per_uplink.values()) == sorted(spray.shares(n, spines))
+    assert len(per_uplink) == spines
+    tcp = {"eth_type": 0x0800, "ipv4_src": h1.ip, "ipv4_dst": h2.ip, "ip_proto": 6}
+    assert sorted(_out_ports(msgs, tcp)) == sorted(uplink_of_port)  # the ECMP group's buckets
+    local = {"eth_type": 0x0800, "ipv4_dst": h1.ip, "ip_proto": 17, "udp_src": 0xC000}
+    assert _out_ports(msgs, local) == [h1.leaf_port]  # a local host is not sprayed
 
 
 def test_unknown_mode_raises(plan):

@@ -35,8 +35,8 @@ def pair():
 
 
 def sender(tx: socket.socket, port: int) -> fastpath.QpSender:
-    s = fastpath.QpSender(roce.QpPackets(IP, IP, tx.getsockname()[1], QPN, MTU, va=VA, rkey=RKEY),
-                          tx, IP)
+    s = fastpath.QpSender([roce.QpPackets(IP, IP, tx.getsockname()[1], QPN, MTU, va=VA, rkey=RKEY)],
+                          [tx], IP)
     s._addr = fastpath.sockaddr(IP, port)  # the test's receiver, not port 4791
     s._addr_p = fastpath.ctypes.addressof(s._addr)
     return s
@@ -137,3 +137,38 @@ def test_receive_counts_ce_marks_and_reads_in_batches(pair):
     # runs break only at the foreign QP's packets (and where a batch ended)
     assert len([rec for rec in got if rec[0] == 0x77]) == len(range(0, n, 100))
     assert len(got) <= 2 * len(range(0, n, 100)) + 1 + n // 64
+
+
+def test_spraying_rotates_the_sockets_by_psn_each_with_its_own_icrc(pair):
+    _tx, rx, port = pair
+    socks = []
+    for _ in range(4):
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind((IP, 0))
+        s.setblocking(False)
+        socks.append(s)
+    try:
+        sports = [s.getsockname()[1] for s in socks]
+        packets = [roce.QpPackets(IP, IP, p, QPN, MTU, va=VA, rkey=RKEY) for p in sports]
+        sender = fastpath.QpSender(packets, socks, IP)
+        sender._addr = fastpath.sockaddr(IP, port)
+        sender._addr_p = fastpath.ctypes.addressof(sender._addr)
+        start = roce.PSN_MASK - 2
+        assert sender.send_run(MIDDLE, start, MTU, 9, True, 0)[0] == 9
+        got = []
+        while True:
+            try:
+                data, (_ip, sport) = rx.recvfrom(65536)
+            except BlockingIOError:
+                break
+            got.append((sport, data))
+        assert len(got) == 9
+        for i, (sport, data) in enumerate(got):
+            psn = (start + i) & roce.PSN_MASK
+            assert sport == sports[psn % 4]  # PSN p leaves from socket p mod 4
+            assert data == roce.build_packet(IP, IP, sport, MIDDLE, QPN, psn, MTU, ackreq=i == 8)
+    finally:
+        for s in socks:
+            s.close()
+    with pytest.raises(ValueError, match="power of two"):
+        fastpath.QpSender(packets[:3], socks[:3], IP)

@@ -164,8 +164,9 @@ main thread:
   packets received: 25392
   packet recirculations: 0
   avg. datapath passes per packet: 1.00
-  simple match hits: 25392
-  miss with failed upcall: 0
+  simple match hits: 25380
+  miss with success upcall: 10
+  miss with failed upcall: 2
   avg. packets per output batch: 1.01
 """
 
@@ -173,7 +174,7 @@ main thread:
 def test_parse_the_main_threads_pmd_stats():
     from fabric_emu.ovs_stats import parse_main_thread
 
-    assert parse_main_thread(PMD_STATS) == {"packets": 25392, "output_batch": 1.01}
+    assert parse_main_thread(PMD_STATS) == {"packets": 25392, "output_batch": 1.01, "upcalls": 12}
     assert parse_main_thread("please specify an existing datapath\n") is None
 
 
