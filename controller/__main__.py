@@ -30,6 +30,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lb-mode", default="ecmp", help="ecmp | spray (dlb later)")
     p.add_argument("--spray-entropies", type=int, default=0,
                    help="spray: UDP source ports per QP (a power of two; 0: one per uplink)")
+    p.add_argument("--rest-port", type=int, default=0,
+                   help="serve the REST API (GET/PUT /lb) on this port of --listen (0: none)")
     p.add_argument("--log", help="log file (default: stderr)")
     args = p.parse_args(argv)
     try:
@@ -88,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg.CONF.set_override("ready_file", args.ready_file, group="fabric")
     cfg.CONF.set_override("lb_mode", args.lb_mode, group="fabric")
     cfg.CONF.set_override("spray_entropies", args.spray_entropies, group="fabric")
+    cfg.CONF.set_override("rest_port", args.rest_port, group="fabric")
+    cfg.CONF.set_override("rest_host", args.listen, group="fabric")
 
     close_apps_on_signal()
     log = logging.getLogger("fabric_emu.controller")

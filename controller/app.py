@@ -9,7 +9,8 @@ Configuration arrives as os_ken.cfg options in group [fabric] (controller/__main
   ready_file  written atomically, as {"dpids": [...], "time": ...}, once every planned switch
               has answered the barrier that follows its initial messages without an error
   lb_mode     ecmp | spray (dlb later)
-  spray_entropies  spray: UDP source ports per QP (0: one per uplink)
+  spray_entropies  UDP source ports per QP the NICs rotate through (0: one, no spraying)
+  rest_port   the REST API's TCP port (controller/rest.py; 0: none), on rest_host (loopback)
 """
 
 from __future__ import annotations
@@ -28,20 +29,27 @@ from os_ken.controller import ofp_event
 from os_ken.controller.controller import Datapath
 from os_ken.controller.handler import (CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_DISPATCHER,
                                        set_ev_cls)
+from os_ken.lib import hub
 from os_ken.ofproto import ofproto_v1_5 as ofp
 from os_ken.ofproto import ofproto_v1_5_parser as parser
 
-from controller.core import (Action, FabricCore, Flow, Group, LbOptions, Message, Output, PacketOut,
-                             ResetSwitch, SetEthSrc, ToController, ToGroup)
+from controller.core import (UPLINK_BUILDERS, Action, DeleteFlows, FabricCore, Flow, Group, LbOptions,
+                             Message, Output, PacketOut, ResetSwitch, SetEthSrc, ToController,
+                             ToGroup)
+from controller.rest import make_app
 from fabric_emu.plan import FabricPlan
 
 LOG = logging.getLogger("fabric_emu.controller")
+LOAD_POLL_S = 1.0  # how often the REST API's uplink loads are refreshed (OpenFlow port stats)
+BARRIER_TIMEOUT_S = 5.0
 
 cfg.CONF.register_opts([
     cfg.StrOpt("plan", help="plan JSON file"),
     cfg.StrOpt("ready_file", help="written once every planned switch is programmed"),
     cfg.StrOpt("lb_mode", default="ecmp", help="ecmp | dlb | spray"),
     cfg.IntOpt("spray_entropies", default=0, help="spray: UDP source ports per QP (0: default)"),
+    cfg.IntOpt("rest_port", default=0, help="REST API port (0: no REST API)"),
+    cfg.StrOpt("rest_host", default="127.0.0.1", help="REST API address"),
 ], group="fabric")
 
 # Open vSwitch's select-group extension (include/openflow/netronome-ext.h).
@@ -59,11 +67,13 @@ class NtrSelectionMethod(parser.OFPGroupPropExperimenter):
     to `length` (which excludes the pad) as OXM TLVs, so the body is packed here byte-exact.
     """
 
-    def __init__(self, method: str, fields: tuple[str, ...], param: int = 0):
+    def __init__(self, method: str, fields: tuple[str, ...], param: int = 0,
+                 masks: tuple[tuple[str, int], ...] = ()):
         super().__init__(type_=ofp.OFPGPT_EXPERIMENTER, experimenter=NTR_VENDOR_ID,
                          exp_type=NTRT_SELECTION_METHOD)
         self.body = (struct.pack("!4x16sQ", method.encode(), param)
-                     + b"".join(_field_mask_tlv(f) for f in fields))
+                     + b"".join(_field_mask_tlv(f) for f in fields)
+                     + b"".join(_field_mask_tlv(f, m) for f, m in masks))
 
     def serialize(self) -> bytearray:
         self.length = 12 + len(self.body)
@@ -72,11 +82,13 @@ class NtrSelectionMethod(parser.OFPGroupPropExperimenter):
         return buf + bytes(-len(buf) % 8)
 
 
-def _field_mask_tlv(name: str) -> bytes:
-    """An OXM TLV whose value is an all-ones mask: hash the whole field (oxm_pull_field_array)."""
+def _field_mask_tlv(name: str, mask: int | None = None) -> bytes:
+    """An OXM TLV whose value is the mask to hash the field through (oxm_pull_field_array):
+    all ones (the whole field) unless a mask is given."""
     header = bytearray()
     ofp.oxm_serialize_header(ofp.oxm_from_user_header(name), header, 0)
-    return bytes(header) + b"\xff" * header[3]  # the header's last byte is the value length
+    width = header[3]  # the header's last byte is the value length
+    return bytes(header) + (b"\xff" * width if mask is None else mask.to_bytes(width, "big"))
 
 
 def _actions(actions: Iterable[Action]) -> list[parser.OFPAction]:
@@ -105,15 +117,21 @@ def to_ofp(dp: Datapath, msg: Message) -> list[parser.MsgBase]:
         case Group():
             buckets = [parser.OFPBucket(bucket_id=b.bucket_id, actions=_actions(b.actions))
                        for b in msg.buckets]
-            props = [NtrSelectionMethod("hash", msg.hash_fields)] if msg.hash_fields else []
-            return [parser.OFPGroupMod(dp, command=ofp.OFPGC_ADD, type_=GROUP_TYPES[msg.type],
+            props = ([NtrSelectionMethod("hash", msg.hash_fields, msg.hash_basis, masks=msg.hash_masks)]
+                     if msg.hash_fields or msg.hash_masks else [])
+            command = ofp.OFPGC_MODIFY if msg.modify else ofp.OFPGC_ADD
+            return [parser.OFPGroupMod(dp, command=command, type_=GROUP_TYPES[msg.type],
                                        group_id=msg.group_id, buckets=buckets, properties=props)]
         case Flow():
             inst = [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, _actions(msg.actions))]
             if msg.goto_table is not None:
                 inst.append(parser.OFPInstructionGotoTable(msg.goto_table))
-            return [parser.OFPFlowMod(dp, table_id=msg.table, priority=msg.priority,
+            return [parser.OFPFlowMod(dp, table_id=msg.table, priority=msg.priority, cookie=msg.cookie,
                                       match=parser.OFPMatch(**msg.match), instructions=inst)]
+        case DeleteFlows(table, cookie):
+            return [parser.OFPFlowMod(dp, table_id=table, command=ofp.OFPFC_DELETE, cookie=cookie,
+                                      cookie_mask=0xFFFFFFFFFFFFFFFF, out_port=ofp.OFPP_ANY,
+                                      out_group=ofp.OFPG_ANY, match=parser.OFPMatch())]
         case PacketOut():
             return [parser.OFPPacketOut(dp, buffer_id=ofp.OFP_NO_BUFFER,
                                         match=parser.OFPMatch(in_port=ofp.OFPP_CONTROLLER),
@@ -139,8 +157,112 @@ class FabricApp(app_manager.OSKenApp):
         self.ready_file: str = conf.ready_file
         self.programmed: set[int] = set()  # answered their barrier with no error before it
         self.failed: set[int] = set()  # sent an error since their last switch_up
+        self.datapaths: dict[int, Datapath] = {}
+        self._barriers: dict[int, hub.Event] = {}  # xid -> what a live change waits on
+        self.changes: list[dict] = []  # live mode changes, as the REST API reports them
+        self.link_changes: list[dict] = []  # links that went down or came back, and the reroute
+        self._port_up: dict[tuple[int, int], bool] = {}  # (dpid, port) -> as last reported
+        self._ports: dict[int, dict[int, tuple[float, int, float]]] = {}  # dpid -> port -> (t, tx_bytes, bps)
         LOG.info("plan %s, lb_mode %s, expecting dpids %s", self.core.plan.name, conf.lb_mode,
                  [hex(d) for d in self.core.expected_dpids()])
+        if conf.rest_port:
+            hub.spawn(self._serve_rest, conf.rest_host, conf.rest_port)
+            hub.spawn(self._poll_uplinks)
+
+    # ------------------------------------------------------------------ REST (controller/rest.py)
+    def _serve_rest(self, host: str, port: int) -> None:
+        LOG.info("REST API on http://%s:%d/lb", host, port)
+        hub.WSGIServer((host, port), make_app(self)).serve_forever()
+
+    def state(self) -> dict:
+        plan = self.core.plan
+        uplinks = {}
+        for leaf in plan.leaves:
+            seen = self._ports.get(leaf.dpid, {})
+            uplinks[leaf.name] = {p.peer: {"port": p.port, "tx_bytes": seen.get(p.port, (0, 0, 0.0))[1],
+                                           "tx_bps": seen.get(p.port, (0, 0, 0.0))[2]}
+                                  for p in plan.uplinks(leaf.name)}
+        return {"mode": self.core.lb_mode, "modes": sorted(UPLINK_BUILDERS),
+                "spray_entropies": self.core.options.spray_entropies or 0,
+                "uplinks": uplinks, "load_interval_s": LOAD_POLL_S, "changes": self.changes,
+                "links_down": sorted("-".join(sorted(link)) for link in self.core.down),
+                "link_changes": self.link_changes}
+
+    def set_mode(self, mode: str, params: dict) -> dict:
+        """Replace the mode's flows on every leaf; return once every leaf has answered a
+        barrier after them (applied_s: from the first message to the last answer)."""
+        if params:
+            raise ValueError(f"{mode} takes no parameters during a run (got {', '.join(sorted(params))})")
+        leaves = [leaf.dpid for leaf in self.core.plan.leaves]
+        missing = [hex(d) for d in leaves if d not in self.datapaths]
+        if missing:
+            raise ValueError(f"switches not connected: {', '.join(missing)}")
+        t0 = time.time()
+        per_leaf = self.core.set_mode(mode)  # ValueError / Conflict: nothing was sent
+        change = {"time": t0, "mode": mode, **self._apply(per_leaf, t0)}
+        self.changes.append(change)
+        LOG.info("load balancing now %s (applied in %.1f ms)", mode, change["applied_s"] * 1e3)
+        return change
+
+    def _apply(self, per_switch: dict[int, list[Message]], t0: float) -> dict:
+        """Send each switch its messages and a barrier; wait for the answers. How long it took
+        from t0, and which switches refused something."""
+        self.failed.difference_update(per_switch)
+        waits = []
+        for dpid, msgs in per_switch.items():
+            dp = self.datapaths.get(dpid)
+            if dp is None:
+                continue
+            for msg in msgs:
+                for ofmsg in to_ofp(dp, msg):
+                    dp.send_msg(ofmsg)
+            barrier = parser.OFPBarrierRequest(dp)
+            dp.set_xid(barrier)
+            waits.append(self._barriers.setdefault(barrier.xid, hub.Event()))
+            dp.send_msg(barrier)
+        answered = all(w.wait(timeout=BARRIER_TIMEOUT_S) for w in waits)
+        return {"applied_s": round(time.time() - t0, 6), "answered": answered,
+                "switch_errors": sorted(hex(d) for d in self.failed & set(per_switch))}
+
+    @set_ev_cls(ofp_event.EventOFPPortStatus, MAIN_DISPATCHER)
+    def port_status(self, ev) -> None:
+        """A fabric link went down or came back: route every leaf around it (or back)."""
+        t0 = time.time()
+        desc = ev.msg.desc
+        link = self.core.link_of(ev.msg.datapath.id, desc.port_no)
+        if link is None:
+            return
+        self._port_up[(ev.msg.datapath.id, desc.port_no)] = not (
+            desc.state & ofp.OFPPS_LINK_DOWN or desc.config & ofp.OFPPC_PORT_DOWN)
+        # A link is up when both its ends are (each end reports on its own, in any order).
+        up = all(self._port_up.get(end, True) for end in self.core.link_ends(*link))
+        if (frozenset(link) not in self.core.down) == up:
+            return  # no change (its other end reported it already, or a mere counter update)
+        msgs = self.core.link_changed(*link, up)  # now, so the other end's report is no change
+        hub.spawn(self._reroute, link, up, t0, msgs)  # waits on barriers: not in the event loop
+
+    def _reroute(self, link: tuple[str, str], up: bool, t0: float, msgs: dict[int, list[Message]]) -> None:
+        change = {"time": t0, "link": "-".join(sorted(link)), "state": "up" if up else "down",
+                  **self._apply(msgs, t0)}
+        self.link_changes.append(change)
+        LOG.info("link %s %s: every leaf rerouted in %.1f ms", change["link"], change["state"],
+                 change["applied_s"] * 1e3)
+
+    def _poll_uplinks(self) -> None:
+        while True:
+            for leaf in self.core.plan.leaves:
+                dp = self.datapaths.get(leaf.dpid)
+                if dp is not None:
+                    dp.send_msg(parser.OFPPortStatsRequest(dp, 0, ofp.OFPP_ANY))
+            hub.sleep(LOAD_POLL_S)
+
+    @set_ev_cls(ofp_event.EventOFPPortStatsReply, MAIN_DISPATCHER)
+    def port_stats(self, ev) -> None:
+        now, ports = time.time(), self._ports.setdefault(ev.msg.datapath.id, {})
+        for st in ev.msg.body:
+            prev = ports.get(st.port_no)
+            bps = (st.tx_bytes - prev[1]) * 8 / (now - prev[0]) if prev and now > prev[0] else 0.0
+            ports[st.port_no] = (now, st.tx_bytes, bps)
 
     @set_ev_cls(ofp_event.EventOFPSwitchFeatures, CONFIG_DISPATCHER)
     def switch_features(self, ev) -> None:
@@ -150,6 +272,7 @@ class FabricApp(app_manager.OSKenApp):
             return
         self.programmed.discard(dp.id)
         self.failed.discard(dp.id)
+        self.datapaths[dp.id] = dp
         msgs = self.core.switch_up(dp.id)
         for msg in msgs:
             for ofmsg in to_ofp(dp, msg):
@@ -167,6 +290,10 @@ class FabricApp(app_manager.OSKenApp):
 
     @set_ev_cls(ofp_event.EventOFPBarrierReply, MAIN_DISPATCHER)
     def barrier_reply(self, ev) -> None:
+        waiting = self._barriers.pop(ev.msg.xid, None)
+        if waiting is not None:  # a live change's, not switch-up's
+            waiting.set()
+            return
         dpid = ev.msg.datapath.id
         if dpid in self.failed:
             LOG.error("dpid %#x rejected some of its messages; not ready", dpid)
@@ -190,3 +317,4 @@ class FabricApp(app_manager.OSKenApp):
     def disconnected(self, ev) -> None:
         if ev.datapath.id is not None:
             LOG.warning("dpid %#x disconnected", ev.datapath.id)
+            self.datapaths.pop(ev.datapath.id, None)

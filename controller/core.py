@@ -25,6 +25,7 @@ already carry the right eth_dst; switches rewrite only eth_src.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import struct
 from dataclasses import dataclass
@@ -52,11 +53,21 @@ ARP_REQUEST = 1
 ARP_REPLY = 2
 
 ECMP_GROUP_ID = 1
+# While a link is down, a leaf reaches some leaves through fewer uplinks than the others: their
+# routes use a group of their own, DEST_GROUP_BASE + the destination leaf's index.
+DEST_GROUP_BASE = 100
 # OXM names (os-ken's OFPMatch keywords); ovs-ofctl shows them as ip_src, ip_dst, udp_src, udp_dst.
 # The UDP source port is a RoCEv2 queue pair's entropy: OVS's default select hash ignores it.
 ECMP_HASH_FIELDS = ("ipv4_src", "ipv4_dst", "udp_src", "udp_dst")
 
 LB_MODES = ("ecmp", "dlb", "spray")
+# The flows a load-balancing mode adds on top of the routes carry this cookie, so a live mode
+# change deletes exactly them and adds the new mode's (the routes and the ECMP group stay).
+LB_COOKIE = 0x1B
+
+
+class Conflict(Exception):
+    """A change that is valid but not possible in this run (e.g. spraying without NIC entropy)."""
 
 
 # --------------------------------------------------------------------------- messages
@@ -95,6 +106,15 @@ class Flow:
     match: dict  # OXM field -> value, as os-ken's OFPMatch keywords; a prefix is (addr, mask)
     actions: tuple[Action, ...]  # empty (and no goto) = drop
     goto_table: int | None = None
+    cookie: int = 0
+
+
+@dataclass(frozen=True)
+class DeleteFlows:
+    """Delete every flow of a table that carries this cookie."""
+
+    table: int
+    cookie: int
 
 
 @dataclass(frozen=True)
@@ -109,6 +129,9 @@ class Group:
     type: str  # "select" | "all" | "indirect" | "ff"
     buckets: tuple[Bucket, ...]
     hash_fields: tuple[str, ...] = ()  # select groups: OVS selection_method=hash over these
+    hash_masks: tuple[tuple[str, int], ...] = ()  # fields hashed through a mask, not whole
+    hash_basis: int = 0  # the hash's seed: each switch its own, so ECMP tiers do not polarise
+    modify: bool = False  # replace an existing group's buckets (OFPGC_MODIFY), not add one
 
 
 @dataclass(frozen=True)
@@ -117,7 +140,7 @@ class PacketOut:
     data: bytes
 
 
-Message = Union[ResetSwitch, Flow, Group, PacketOut]
+Message = Union[ResetSwitch, Flow, DeleteFlows, Group, PacketOut]
 
 
 # --------------------------------------------------------------------------- load balancing seam
@@ -135,30 +158,45 @@ class UplinkSpread:
 class LbOptions:
     """Parameters of the load-balancing modes (from the experiment spec)."""
 
-    spray_entropies: int | None = None  # None: fabric_emu.spray.default_entropies
+    # UDP source ports per QP the NICs rotate through (fabric_emu.spray); None: one, the NICs do
+    # not rotate (then only a spraying start may pick the default, and nothing can switch to it)
+    spray_entropies: int | None = None
 
 
-def ecmp_uplinks(plan: FabricPlan, leaf: Switch, options: LbOptions) -> UplinkSpread:
-    """One select group, one bucket per uplink, hashed on the IP/UDP 4-tuple."""
-    buckets = tuple(Bucket(i, (Output(p.port),)) for i, p in enumerate(plan.uplinks(leaf.name)))
-    group = Group(ECMP_GROUP_ID, "select", buckets, ECMP_HASH_FIELDS)
+def ecmp_group(group_id: int, leaf: Switch, uplinks: list, options: LbOptions) -> Group:
+    """A select group, one bucket per uplink, hashed on the IP/UDP 4-tuple with the leaf's own
+    seed. When the NICs rotate entropy bits (a run that may spray), the hash leaves those bits
+    out, so each QP still keeps one path."""
+    buckets = tuple(Bucket(i, (Output(p.port),)) for i, p in enumerate(uplinks))
+    n = options.spray_entropies or 1
+    if n > 1:
+        fields = tuple(f for f in ECMP_HASH_FIELDS if f != "udp_src")
+        return Group(group_id, "select", buckets, fields, (("udp_src", 0xFFFF & ~(n - 1)),),
+                     hash_basis=leaf.dpid)
+    return Group(group_id, "select", buckets, ECMP_HASH_FIELDS, hash_basis=leaf.dpid)
+
+
+def ecmp_uplinks(plan: FabricPlan, leaf: Switch, options: LbOptions, uplinks: list | None = None) -> UplinkSpread:
+    """ECMP over the leaf's uplinks (or the given ones, while links are down): its group."""
+    group = ecmp_group(ECMP_GROUP_ID, leaf, plan.uplinks(leaf.name) if uplinks is None else uplinks, options)
     return UplinkSpread((group,), ToGroup(ECMP_GROUP_ID))
 
 
-def spray_uplinks(plan: FabricPlan, leaf: Switch, options: LbOptions) -> UplinkSpread:
+def spray_uplinks(plan: FabricPlan, leaf: Switch, options: LbOptions, uplinks: list | None = None) -> UplinkSpread:
     """UDP packets go up the uplink their source port's low bits name (the NIC rotates those
     bits per packet, fabric_emu.spray); anything else is spread as ECMP spreads it."""
-    uplinks = plan.uplinks(leaf.name)
-    n = options.spray_entropies or spray.default_entropies(len(uplinks))
+    uplinks = plan.uplinks(leaf.name) if uplinks is None else uplinks
+    if not uplinks:
+        return UplinkSpread((), ToGroup(ECMP_GROUP_ID))
+    n = options.spray_entropies or spray.default_entropies(len(plan.uplinks(leaf.name)))
     mask = n - 1
     refinements = tuple(({"ip_proto": IP_PROTO_UDP, "udp_src": (b, mask)}, Output(uplinks[u].port))
                         for b, u in enumerate(spray.bucket_uplinks(n, len(uplinks))))
-    ecmp = ecmp_uplinks(plan, leaf, options)
-    return UplinkSpread(ecmp.groups, ecmp.action, refinements)
+    return UplinkSpread((), ToGroup(ECMP_GROUP_ID), refinements)
 
 
 # "dlb" (flowlets on observed port load) adds its builder here.
-UplinkBuilder = Callable[[FabricPlan, Switch, LbOptions], UplinkSpread]
+UplinkBuilder = Callable[..., UplinkSpread]  # (plan, leaf, options, uplinks=None)
 UPLINK_BUILDERS: dict[str, UplinkBuilder] = {"ecmp": ecmp_uplinks, "spray": spray_uplinks}
 
 
@@ -239,6 +277,8 @@ class FabricCore:
         self.lb_mode = lb_mode
         self.options = options
         self._spread_uplinks = uplink_builder(lb_mode)
+        self.down: set[frozenset[str]] = set()  # links that are down, as {node, node}
+        self._groups: dict[int, set[int]] = {}  # dpid -> group ids it has (add vs modify)
         self._switch_by_dpid = {s.dpid: s for s in plan.switches}
         self._host_by_ip = {h.ip: h for h in plan.hosts}
         self._prefix = leaf_prefixes(plan)
@@ -250,11 +290,24 @@ class FabricCore:
     def expected_dpids(self) -> list[int]:
         return sorted(self._switch_by_dpid)
 
+    def set_mode(self, lb_mode: str) -> dict[int, list[Message]]:
+        """Change the load-balancing mode live: per leaf dpid, the messages that replace the old
+        mode's flows with the new one's (the routes and the ECMP group stay as they are)."""
+        builder = uplink_builder(lb_mode)
+        if lb_mode == "spray" and not self.options.spray_entropies:
+            raise Conflict("this run's NICs send one UDP source port per queue pair, so there is "
+                           "nothing to spray; start the run with spray.entropies set (or "
+                           "load_balancing: spray) to switch to spraying during it")
+        self.lb_mode, self._spread_uplinks = lb_mode, builder
+        return {leaf.dpid: [DeleteFlows(ROUTE_TABLE, LB_COOKIE), *self._lb_flows(leaf)]
+                for leaf in self.plan.leaves}
+
     def switch_up(self, dpid: int) -> list[Message]:
         """Everything a switch needs, proactively: groups before the flows that use them."""
         switch = self._switch_by_dpid.get(dpid)
         if switch is None:
             raise KeyError(f"dpid {dpid:#x} is not in plan {self.plan.name}")
+        self._groups[dpid] = set()
         if switch.role == "leaf":
             groups, flows = self._leaf_rules(switch)
         else:
@@ -285,19 +338,86 @@ class FabricCore:
         switch = self._switch_by_dpid.get(dpid)
         return switch is not None and switch.name == host.leaf and port == host.leaf_port
 
+    def link_changed(self, a: str, b: str, up: bool) -> dict[int, list[Message]]:
+        """The link between nodes a and b went down (or came back): per leaf dpid, the messages
+        that route around it. Every leaf may change: a spine that lost its link to leaf L can
+        no longer carry anyone's traffic to L."""
+        link = frozenset((a, b))
+        if up:
+            self.down.discard(link)
+        else:
+            self.down.add(link)
+        out = {}
+        for leaf in self.plan.leaves:
+            groups, routes = self._leaf_routing(leaf)
+            out[leaf.dpid] = [*groups, *routes, DeleteFlows(ROUTE_TABLE, LB_COOKIE), *self._lb_flows(leaf)]
+        return out
+
+    def link_of(self, dpid: int, port: int) -> tuple[str, str] | None:
+        """The (node, peer) of a switch port between two switches; None for a host port."""
+        switch = self._switch_by_dpid.get(dpid)
+        if switch is None:
+            return None
+        for p in self.plan.ports(switch.name):
+            if p.port == port and p.kind == "fabric":
+                return switch.name, p.peer
+        return None
+
+    def link_ends(self, a: str, b: str) -> list[tuple[int, int]]:
+        """(dpid, port) of both ends of the link between switches a and b."""
+        by_name = {s.name: s for s in self.plan.switches}
+        return ([(by_name[a].dpid, p.port) for p in self.plan.ports(a) if p.peer == b]
+                + [(by_name[b].dpid, p.port) for p in self.plan.ports(b) if p.peer == a])
+
+    def _usable_uplinks(self, leaf: Switch, dest: str) -> list:
+        """The leaf's uplinks whose spine still reaches leaf dest (both links up)."""
+        return [p for p in self.plan.uplinks(leaf.name)
+                if frozenset((leaf.name, p.peer)) not in self.down
+                and frozenset((p.peer, dest)) not in self.down]
+
     def _leaf_rules(self, leaf: Switch) -> tuple[tuple[Group, ...], list[Flow]]:
         local = [Flow(ROUTE_TABLE, PRIO_LOCAL_HOST, {"eth_type": ETH_TYPE_IPV4, "ipv4_dst": h.ip},
                       (Output(h.leaf_port),))
                  for h in self.plan.hosts if h.leaf == leaf.name]
-        spread = self._spread_uplinks(self.plan, leaf, self.options)
-        remote = []
+        groups, routes = self._leaf_routing(leaf)
+        return groups, local + routes + self._lb_flows(leaf)
+
+    def _leaf_routing(self, leaf: Switch) -> tuple[tuple[Group, ...], list[Flow]]:
+        """The routes to other leaves and the groups they use. The routes and the ECMP group
+        are the same in every mode (the mode adds its flows); while links are down, a leaf
+        reached through fewer uplinks gets a group of its own."""
+        full = self.plan.uplinks(leaf.name)
+        groups = [ecmp_group(ECMP_GROUP_ID, leaf, full, self.options)]
+        routes = []
+        for i, (name, net) in enumerate(self._prefix.items()):
+            if name == leaf.name:
+                continue
+            usable = self._usable_uplinks(leaf, name)
+            if len(usable) == len(full):
+                action: Action = ToGroup(ECMP_GROUP_ID)
+            else:
+                gid = DEST_GROUP_BASE + i
+                groups.append(ecmp_group(gid, leaf, usable, self.options))
+                action = ToGroup(gid)
+            routes.append(Flow(ROUTE_TABLE, PRIO_PREFIX, _ipv4_dst(net), (action,) if usable else ()))
+        have = self._groups.setdefault(leaf.dpid, set())
+        out = []
+        for g in groups:  # add a group once, modify it afterwards
+            out.append(dataclasses.replace(g, modify=g.group_id in have))
+            have.add(g.group_id)
+        return tuple(out), routes
+
+    def _lb_flows(self, leaf: Switch) -> list[Flow]:
+        """The current mode's flows on a leaf, above the routes (cookie LB_COOKIE), over the
+        uplinks that reach each destination."""
+        flows = []
         for name, net in self._prefix.items():
             if name == leaf.name:
                 continue
-            remote.append(Flow(ROUTE_TABLE, PRIO_PREFIX, _ipv4_dst(net), (spread.action,)))
-            remote += [Flow(ROUTE_TABLE, PRIO_SPRAY, {**_ipv4_dst(net), **extra}, (action,))
-                       for extra, action in spread.refinements]
-        return spread.groups, local + remote
+            spread = self._spread_uplinks(self.plan, leaf, self.options, self._usable_uplinks(leaf, name))
+            flows += [Flow(ROUTE_TABLE, PRIO_SPRAY, {**_ipv4_dst(net), **extra}, (action,), cookie=LB_COOKIE)
+                      for extra, action in spread.refinements]
+        return flows
 
     def _spine_flows(self, spine: Switch) -> list[Flow]:
         port_to = {p.peer: p.port for p in self.plan.ports(spine.name)}

@@ -1,11 +1,15 @@
-"""The `fabric-emu` command: run, show, clean."""
+"""The `fabric-emu` command: run, show, sweep, compare, clean."""
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Iterator, Optional
 
 import typer
 from rich.console import Console
@@ -13,6 +17,7 @@ from rich.console import Console
 from fabric_emu import traffic
 from fabric_emu.config import SpecError, load_experiment, load_topology, read_yaml
 from fabric_emu.plan import build_plan, resolve_ranks
+from fabric_emu.sweep import Point, RunResult, check_overrides, check_size, grid, parse_over, parse_seeds
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Emulate RoCEv2 AI-cluster fabrics on Mininet and Open vSwitch.")
@@ -111,31 +116,215 @@ def show(spec: Annotated[Path, typer.Argument(help="an experiment or topology YA
     print_plan(out, plan, exp, ranks)
 
 
+def _need_root(command: str) -> None:
+    if os.geteuid() != 0:
+        err.print(f"error: fabric-emu {command} needs root (Mininet and Open vSwitch); try sudo")
+        raise typer.Exit(EXIT_RUNTIME)
+
+
+def _run_checked(experiment: Path, sets: list[str], out_dir: Path, checked: tuple,
+                 command: list[str]) -> int:
+    """Run a validated experiment (load_checked's result) and return the exit code: measure
+    this machine first if dilation: auto has no cached capacity, then build, run, tear down
+    and write the results folder."""
+    from fabric_emu.capacity import ProbeError
+
+    spec, plan, ranks = checked
+    if plan.extra.get("dilation_auto", {}).get("provisional_dilation"):
+        try:  # dilation: auto, and this machine's capacity was not cached: measure it now
+            spec, plan, ranks = load_checked(experiment, sets, measure=True)
+        except ProbeError as e:
+            err.print(f"error: dilation: auto: cannot measure this machine ({e})", markup=False)
+            return EXIT_RUNTIME
+    from fabric_emu.runner import Runner
+
+    return Runner(spec, plan, ranks, out_dir, command=command, console=out).run(debug=_debug)
+
+
 @app.command()
 def run(experiment: Annotated[Path, typer.Argument(help="experiment YAML file")],
         out_dir: Annotated[Path, typer.Option("--out", help="results base folder")] = Path("results"),
         set_: Annotated[Optional[list[str]], typer.Option("--set", help="override dotted.key=value")] = None) -> None:
     """Build the fabric, run the workload, collect counters, tear down, write results."""
-    from fabric_emu.capacity import ProbeError
-
     try:
-        spec, plan, ranks = load_checked(experiment, set_ or [])
+        checked = load_checked(experiment, set_ or [])
     except SpecError as e:
         _input_error(e)
-    if os.geteuid() != 0:
-        err.print("error: fabric-emu run needs root (Mininet and Open vSwitch); try sudo")
-        raise typer.Exit(EXIT_RUNTIME)
-    if plan.extra.get("dilation_auto", {}).get("provisional_dilation"):
-        try:  # dilation: auto, and this machine's capacity was not cached: measure it now
-            spec, plan, ranks = load_checked(experiment, set_ or [], measure=True)
-        except ProbeError as e:
-            err.print(f"error: dilation: auto: cannot measure this machine ({e})", markup=False)
-            raise typer.Exit(EXIT_RUNTIME)
-    from fabric_emu.runner import Runner
+    _need_root("run")
+    raise typer.Exit(_run_checked(experiment, set_ or [], out_dir, checked, sys.argv))
 
-    runner = Runner(spec, plan, ranks, out_dir, command=sys.argv, console=out)
-    code = runner.run(debug=_debug)
-    raise typer.Exit(code)
+
+@dataclass
+class _SweepRun:
+    """One run of a sweep: a grid point with one seed, validated."""
+    point: Point
+    seed: int
+    sets: list[str]  # what `fabric-emu run --set` would be given
+    checked: tuple  # load_checked's (spec, plan, ranks)
+
+    @property
+    def name(self) -> str:
+        return self.checked[0].name
+
+
+def _plan_sweep(experiment: Path, sets: list[str], points: list[Point],
+                seeds: list[int] | None) -> list[_SweepRun]:
+    """Validate every run of the grid before any starts; every distinct problem is reported."""
+    runs: list[_SweepRun] = []
+    problems: list[tuple[str, str, str]] = []
+    for point in points:
+        for seed in seeds or [None]:
+            run_sets = [*sets, *point.sets(), *([f"seed={seed}"] if seed is not None else [])]
+            try:
+                checked = load_checked(experiment, run_sets)
+            except SpecError as e:
+                problems += [p for p in e.problems if p not in problems]
+                continue
+            runs.append(_SweepRun(point, checked[0].seed, run_sets, checked))
+    if problems:
+        raise SpecError(problems)
+    return runs
+
+
+def _folders(parent: Path) -> set[Path]:
+    return {p for p in parent.iterdir() if p.is_dir()} if parent.is_dir() else set()
+
+
+def _sweep_one(experiment: Path, run: _SweepRun, out_dir: Path) -> tuple[RunResult, bool]:
+    """One run of a sweep, as `fabric-emu run` does it; (its result, whether Ctrl-C stopped it)."""
+    from fabric_emu.compare import read_summary
+
+    command = [sys.argv[0], *(["--debug"] if _debug else []), "run", str(experiment), "--out", str(out_dir),
+               *[a for s in run.sets for a in ("--set", s)]]  # the run's own, to rerun it alone
+    before = _folders(out_dir / run.name)
+    error, stopped = "", False
+    try:
+        _run_checked(experiment, run.sets, out_dir, run.checked, command)
+    except KeyboardInterrupt:  # Ctrl-C outside the traffic phase (the runner catches it there)
+        error, stopped = "interrupted (SIGINT)", True
+    except Exception as e:  # noqa: BLE001 - a failed point is recorded, the others still run
+        error = f"{type(e).__name__}: {e}"
+        if _debug:
+            import traceback
+            traceback.print_exc()
+    new = sorted(_folders(out_dir / run.name) - before)
+    run_dir = new[0] if len(new) == 1 else None  # runs are one at a time (the run lock)
+    try:
+        summary = read_summary(run_dir) if run_dir else {}
+    except SpecError as e:
+        summary, error = {}, error or str(e)
+    result = RunResult.of_summary(run.point.index, run.seed, str(run_dir or ""), summary, error)
+    return result, stopped or result.interrupted
+
+
+@contextmanager
+def _no_interrupts() -> Iterator[None]:
+    """Ctrl-C waits while a few small files are written, as the runner's teardown does."""
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+@app.command()
+def sweep(experiment: Annotated[Path, typer.Argument(help="experiment YAML file")],
+          over: Annotated[Optional[list[str]], typer.Option(
+              "--over", help="a key and the values to run it with: dotted.key=V1,V2,...")] = None,
+          seeds: Annotated[Optional[str], typer.Option(
+              "--seeds", help="seeds for every point: 1-5, 1,3,7 or 4 (default: the spec's)")] = None,
+          out_dir: Annotated[Path, typer.Option("--out", help="results base folder")] = Path("results"),
+          set_: Annotated[Optional[list[str]], typer.Option("--set", help="override dotted.key=value")] = None) -> None:
+    """Run every combination of the --over values with every seed, then compare them."""
+    from fabric_emu import results
+    from fabric_emu.compare import Comparison, print_comparison, sweep_title, write_sweep
+
+    sets = set_ or []
+    try:
+        axes = parse_over(over or [])
+        seed_list = parse_seeds(seeds) if seeds is not None else None
+        check_overrides(axes, sets, seed_list is not None)
+        points = grid(axes)
+        check_size(points, seed_list)
+        runs = _plan_sweep(experiment, sets, points, seed_list)
+    except SpecError as e:
+        _input_error(e)
+    _need_root("sweep")
+    started = time.time()
+    done: list[RunResult] = []
+    stopped = False
+    try:
+        for i, run in enumerate(runs, 1):
+            out.rule(f"sweep run {i} of {len(runs)}: point {run.point.index} ({run.point.label}), seed {run.seed}",
+                     style="dim")
+            result, stopped = _sweep_one(experiment, run, out_dir)
+            done.append(result)
+            if stopped:
+                break
+    except KeyboardInterrupt:  # between two runs: the runs so far still get their sweep folder
+        stopped = True
+    used_seeds = seed_list or sorted({r.seed for r in runs})
+    comp = Comparison(sweep_title(runs[0].name, len(points), len(used_seeds)), [a.key for a in axes], points, done)
+    with _no_interrupts():
+        sweep_dir = results.make_run_dir(out_dir, runs[0].name, started, prefix="sweep-")
+        files = write_sweep(sweep_dir, {
+            "name": runs[0].name, "experiment": str(experiment), "command": sys.argv,
+            "over": {a.key: list(a.values) for a in axes}, "seeds": used_seeds, "sets": sets,
+            "start": results.iso(started), "end": results.iso(time.time()),
+            "runs_planned": len(runs), "runs_done": len(done), "interrupted": stopped}, comp)
+    print_comparison(out, comp)
+    out.print(f"sweep: {sweep_dir} ({', '.join(files)})", soft_wrap=True, highlight=False)
+    failed = sum(1 for r in done if r.status != "ok")
+    if stopped:
+        err.print(f"error: sweep interrupted after {len(done)} of {len(runs)} runs", markup=False)
+    elif failed:
+        err.print(f"error: {failed} of {len(runs)} runs did not finish ok", markup=False)
+    raise typer.Exit(EXIT_RUNTIME if stopped or failed else EXIT_OK)
+
+
+@app.command()
+def compare(paths: Annotated[list[Path], typer.Argument(
+        help="results folders of runs, sweep folders, or an experiment's folder of runs")]) -> None:
+    """Compare finished runs: group them by the spec keys that differ, seeds aggregated."""
+    from fabric_emu.compare import load_comparison, print_comparison
+
+    try:
+        comp = load_comparison(paths)
+    except SpecError as e:
+        _input_error(e)
+    print_comparison(out, comp)
+
+
+@app.command()
+def lb(mode: Annotated[Optional[str], typer.Argument(help="ecmp or spray; leave out to show the state")] = None,
+       run_id: Annotated[Optional[str], typer.Option("--run", help="the run's id, when several are running")] = None
+       ) -> None:
+    """Show or change the load-balancing mode of the running fabric, live (its controller)."""
+    from fabric_emu.events import RestError, rest_call
+    from fabric_emu.lb_view import print_lb_state
+    from fabric_emu.records import all_records
+
+    live = [r for r in all_records() if r.owner_alive() and r.controller_url
+            and (run_id is None or r.run_id == run_id)]
+    if len(live) != 1:
+        which = f"run {run_id}" if run_id else "fabric"
+        detail = ("start one with `fabric-emu run`" if not live else
+                  "several are: pick one with --run " + " | ".join(r.run_id for r in live))
+        err.print(f"error: lb: no running {which} to talk to ({detail})" if not live else f"error: lb: {detail}",
+                  markup=False, highlight=False)
+        raise typer.Exit(EXIT_INPUT)
+    url = live[0].controller_url
+    try:
+        if mode is None:
+            print_lb_state(out, live[0].run_id, rest_call(url))
+            return
+        change = rest_call(url, {"mode": mode})
+    except RestError as e:
+        err.print(f"error: lb: {e}", markup=False, highlight=False)
+        raise typer.Exit(EXIT_INPUT if str(e)[:3] in ("400", "409") else EXIT_RUNTIME)
+    out.print(f"load balancing of {live[0].run_id} is now {change['mode']}: every leaf applied it in "
+              f"{change['applied_s'] * 1e3:.1f} ms" + ("" if change.get("answered") else " (some did not answer)"),
+              highlight=False)
 
 
 @app.command()

@@ -348,6 +348,37 @@ def resolve_thresholds(e: EcnSpec, p: PfcSpec, buf: int, need_headroom: int) -> 
     return kmin, kmax, headroom, xoff, xon
 
 
+class EventSpec(Strict):
+    """Something that happens during the run, at a modelled time from the start of traffic
+    (x dilation on the wall clock): a change of load-balancing mode, or a fabric link going
+    down or coming back (`link: leaf1-spine2`, `state: down|up`)."""
+
+    at: Seconds = Field(ge=0, le=3600, description="modelled time from the start of traffic")
+    load_balancing: Optional[Literal["ecmp", "dlb", "spray"]] = None
+    link: Optional[str] = Field(default=None, pattern=r"^(leaf|spine)[1-9][0-9]{0,3}-(leaf|spine)[1-9][0-9]{0,3}$",
+                                description="a leaf-spine link, as leaf1-spine2")
+    state: Optional[Literal["up", "down"]] = None
+
+    @field_validator("load_balancing")
+    @classmethod
+    def _lb_implemented(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and v not in IMPLEMENTED_LB:
+            raise ValueError(f"'{v}' is not implemented yet (allowed: {', '.join(IMPLEMENTED_LB)})")
+        return v
+
+    @model_validator(mode="after")
+    def _one_thing(self):
+        if (self.load_balancing is None) == (self.link is None):
+            raise ValueError("an event takes either load_balancing or link (with state)")
+        if (self.link is None) != (self.state is None):
+            raise ValueError("a link event needs both link and state (up or down)")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return "load_balancing" if self.load_balancing is not None else "link"
+
+
 class ExperimentSpec(Strict):
     name: str = Field(pattern=NAME_RE)
     topology: TopologySpec
@@ -364,6 +395,7 @@ class ExperimentSpec(Strict):
     dcqcn: DcqcnSpec = DcqcnSpec()
     transport: TransportSpec = TransportSpec()
     spray: SpraySpec = SpraySpec()
+    events: list[EventSpec] = Field(default_factory=list, max_length=1000)
 
     @field_validator("load_balancing")
     @classmethod
@@ -411,6 +443,22 @@ class ExperimentSpec(Strict):
         return self.model_copy(update={
             "ecn": e.model_copy(update={"kmin": kmin, "kmax": kmax}),
             "pfc": p.model_copy(update={"headroom": headroom, "xoff": max(1, xoff), "xon": xon})})
+
+    @model_validator(mode="after")
+    def _links_exist(self):
+        """Link events name a link of this topology (leafI-spineJ or spineJ-leafI)."""
+        t = self.topology
+        for i, e in enumerate(self.events):
+            if e.link is None:
+                continue
+            a, b = sorted(e.link.split("-"))  # "leafI" sorts before "spineJ"
+            ok = (a.startswith("leaf") and b.startswith("spine")
+                  and int(a[4:]) <= t.leaves and int(b[5:]) <= t.spines)
+            if not ok:
+                raise _problem_at("ExperimentSpec", ("events", i, "link"),
+                                  f"{e.link} is not a link of this fabric (leaf1..leaf{t.leaves}"
+                                  f" to spine1..spine{t.spines}, as leaf1-spine2)", e.link)
+        return self
 
     @model_validator(mode="after")
     def _chunks_not_empty(self):

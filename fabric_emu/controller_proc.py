@@ -40,6 +40,11 @@ class ControllerProcess:
     port: int
     ready_file: Path
     log_file: Path
+    rest_port: int = 0  # the REST API's (controller/rest.py), on LISTEN_HOST; 0: none
+
+    @property
+    def rest_url(self) -> str:
+        return f"http://{LISTEN_HOST}:{self.rest_port}/lb"
 
     @property
     def pid(self) -> int:
@@ -91,7 +96,7 @@ class ControllerProcess:
 
 def start_controller(plan_path: str | os.PathLike, workdir: str | os.PathLike,
                      port: int | None = None, lb_mode: str = "ecmp",
-                     spray_entropies: int | None = None) -> ControllerProcess:
+                     spray_entropies: int | None = None, rest: bool = True) -> ControllerProcess:
     """Start the controller for a plan JSON and return at once; wait_ready once switches exist."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -102,9 +107,12 @@ def start_controller(plan_path: str | os.PathLike, workdir: str | os.PathLike,
     cmd = [sys.executable, "-m", "controller", "--plan", str(Path(plan_path).resolve()),
            "--ready-file", str(ready_file.resolve()), "--ofp-port", str(port),
            "--listen", LISTEN_HOST, "--lb-mode", lb_mode]
+    rest_port = free_tcp_port() if rest else 0
+    if rest_port:
+        cmd += ["--rest-port", str(rest_port)]
     if spray_entropies is not None:
         cmd += ["--spray-entropies", str(spray_entropies)]
     with log_file.open("ab") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-    return ControllerProcess(proc, port, ready_file, log_file)
+    return ControllerProcess(proc, port, ready_file, log_file, rest_port)

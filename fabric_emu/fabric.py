@@ -198,6 +198,17 @@ class Fabric:
             raise RuntimeError(f"cannot tell the uplink of {src}->{dst} udp_src {udp_src}:\n{trace}")
         return by_port[int(ports[-1])]
 
+    def set_link(self, a: str, b: str, up: bool) -> None:
+        """Take the link between switches a and b down (both ends, as a cut cable does), or
+        bring it back. Open vSwitch tells the controller (port status), which reroutes."""
+        ends = [p.intf for p in self.plan.ports(a) if p.peer == b] + \
+               [p.intf for p in self.plan.ports(b) if p.peer == a]
+        if not ends:
+            raise RuntimeError(f"no link between {a} and {b} in plan {self.plan.name}")
+        with IPRoute() as ipr:
+            for name in ends:
+                ipr.link("set", index=ipr.link_lookup(ifname=name)[0], state="up" if up else "down")
+
     def annotate_uplinks(self, agents: dict[str, dict]) -> None:
         """Add the chosen uplink to every sender QP in the agents' stats."""
         for src, stats in agents.items():

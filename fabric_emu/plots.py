@@ -269,6 +269,41 @@ def plot_dcqcn_rates(run_dir: Path, out: Path) -> bool:
     return True
 
 
+def plot_comparison(rows: list[dict], labels: list[str], xlabel: str, out: Path) -> bool:
+    """A sweep's points side by side: completion time and busbw, the mean of each point's runs
+    as a bar, their min to max as the error bar (rows as in comparison.csv, one label each)."""
+    panels = [(metric, title, scale) for metric, title, scale in (
+        ("jct_fabric_s", "completion time (fabric \u00b5s)", 1e6),
+        ("busbw_fraction", "busbw / host link", 1.0))
+        if any(_num(r.get(f"{metric}_mean")) is not None for r in rows)]
+    if not panels:
+        return False
+    fig, axes = plt.subplots(len(panels), 1, sharex=True, squeeze=False,
+                             figsize=(max(7.5, 0.9 * len(rows) + 3), 1.5 + 2.8 * len(panels)))
+    xs = list(range(len(rows)))
+    for ax, (metric, title, scale) in zip(axes[:, 0], panels):
+        stats = [[_num(r.get(f"{metric}_{s}")) for s in ("mean", "min", "max")] for r in rows]
+        means = [m * scale if m is not None else 0.0 for m, _, _ in stats]
+        # A point with no finished run gets no bar and no error bar.
+        low = [(m - lo) * scale if None not in (m, lo) else 0.0 for m, lo, _ in stats]
+        high = [(hi - m) * scale if None not in (m, hi) else 0.0 for m, _, hi in stats]
+        ax.bar(xs, means, color="tab:blue", alpha=0.8, yerr=[low, high], capsize=4,
+               error_kw={"elinewidth": 1})
+        if metric == "busbw_fraction":
+            ax.axhline(1.0, color="black", linestyle="--", linewidth=0.8, label="host link rate")
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # never over a bar
+        ax.set_ylabel(title)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle("Each point: mean of its runs that finished ok (bar), min to max (error bar)", fontsize=10)
+    slanted = max(map(len, labels)) > 12  # long labels would overlap side by side
+    axes[-1, 0].set_xticks(xs, labels, fontsize=8, rotation=20 if slanted else 0,
+                           ha="right" if slanted else "center")
+    axes[-1, 0].set_xlabel(xlabel)
+    fig.tight_layout()
+    _save(fig, out)
+    return True
+
+
 PLOTS = {
     "queue_depth.png": plot_queue_depth,
     "pauses.png": plot_pauses,

@@ -65,6 +65,7 @@ class RunRecord:
     interfaces: list[str] = field(default_factory=list)  # root-namespace link ends
     processes: list[ProcessRef] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)  # temporary files and folders
+    controller_url: str = ""  # the running fabric's REST API (`fabric-emu lb` talks to it)
 
     @property
     def path(self) -> Path:

@@ -27,11 +27,12 @@ def iso(t: float | None) -> str | None:
     return None if t is None else datetime.fromtimestamp(t, timezone.utc).isoformat()
 
 
-def make_run_dir(base: Path, experiment: str, started: float) -> Path:
-    """A new, unique folder for one run (a suffix is added if two runs share a second)."""
+def make_run_dir(base: Path, experiment: str, started: float, prefix: str = "") -> Path:
+    """A new, unique folder for one run (a suffix is added if two runs share a second);
+    `prefix` names other kinds of folder beside the runs (a sweep's: sweep-<time>)."""
     parent = base / experiment
     parent.mkdir(parents=True, exist_ok=True)
-    stamp = utc_stamp(started)
+    stamp = prefix + utc_stamp(started)
     for n in range(100):
         d = parent / (stamp if n == 0 else f"{stamp}-{n}")
         try:

@@ -35,7 +35,9 @@ class RoutedFabric:
         plan_path.write_text(self.plan.to_json())
         self.ctrl = start_controller(plan_path, self.workdir, lb_mode=self.lb_mode,
                                      spray_entropies=self.spray_entropies)
-        self.record.add_process(self.ctrl.pid, "controller")
+        if self.ctrl.rest_port:
+            self.record.controller_url = self.ctrl.rest_url
+        self.record.add_process(self.ctrl.pid, "controller")  # saves the record
         self.fabric = Fabric(self.plan, self.record, self.ctrl.port, self.port_plan)
         self.fabric.build()
         self.ctrl.wait_listening()

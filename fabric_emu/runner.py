@@ -186,6 +186,7 @@ class Runner:
             self.captures.start()
 
     def _traffic(self, record: RunRecord, workdir: Path) -> None:
+        from fabric_emu.events import EventRunner
         from fabric_emu.workload import run_agents
 
         lossless = self.routed.ports
@@ -193,13 +194,19 @@ class Runner:
         before = counters.snapshot(self.plan, port_before)
         t = time.monotonic()
         cut_short: BaseException | None = None
+        events = EventRunner(self.spec.events, self.plan.dilation, self.routed.ctrl.rest_url,
+                             self.routed.fabric.set_link)
         with CpuMonitor(processes=self._watched()) as cpu, counters.QueueSampler(
                 self.plan, lossless.backlogs_now, lossless.paused_now) as queues:
             try:  # the NIC engines register with cpu.watch as they start
                 agents = run_agents(self.spec, self.plan, self.ranks, self.routed.fabric, record,
-                                    workdir, self.say, watch=cpu.watch, info=self.nic_info)
+                                    workdir, self.say, watch=cpu.watch, info=self.nic_info,
+                                    on_go=events.start)
             except Interrupted as e:
                 agents, cut_short = getattr(e, "agent_stats", {}), e
+            finally:
+                fired = events.stop()
+                lb_state = events.final_state()
         self.times["traffic"] = time.monotonic() - t
         port_after = lossless.counters()
         ports = counters.delta(counters.snapshot(self.plan, port_after), before)
@@ -212,7 +219,8 @@ class Runner:
             self.routed.fabric.annotate_uplinks(agents)
         self.traffic = {"status": "ok" if ok and not cut_short else "incomplete", "agents": agents,
                         "ports": ports, "queues": queues.rows, "cpu": cpu.summary(),
-                        "traffic_start": t, "thresholds": lossless.installed(), "nics": nics}
+                        "traffic_start": t, "thresholds": lossless.installed(), "nics": nics,
+                        "events": fired, "lb": lb_state}
         if cut_short is not None:
             raise cut_short
 

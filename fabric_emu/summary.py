@@ -16,6 +16,7 @@ from rich.table import Table
 from fabric_emu.collectives import allreduce_busbw
 from fabric_emu.config import AllReduceWorkload, ExperimentSpec
 from fabric_emu.counters import totals
+from fabric_emu.events import failovers
 from fabric_emu.fidelity import loss_note, verdict
 from fabric_emu.plan import ETH_HEADER, FabricPlan
 from fabric_emu.ports.model import settings_of
@@ -258,6 +259,15 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
         summary["switch"] = totals(ports, plan.dilation)
     if traffic.get("nics"):
         summary["nic"] = traffic["nics"]
+    lb = traffic.get("lb") or {}
+    if traffic.get("events"):  # scheduled events: when each fired, how long the switches took
+        summary["events"] = traffic["events"]
+        moved = failovers(traffic["events"], lb.get("link_changes", []), plan.dilation)
+        if moved:
+            summary["failover"] = moved
+    if lb.get("changes"):  # live changes (events and `fabric-emu lb`)
+        summary["load_balancing_changes"] = lb["changes"]
+        summary["load_balancing_final"] = lb["mode"]
     reaction = reaction_summary(traffic.get("pfc_daemon") or {}, plan.dilation)
     if reaction:
         summary["pfc_reaction"] = reaction
@@ -271,13 +281,19 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
     cpu = traffic.get("cpu") or {}
     late = engine_lateness(agents)
     drops = summary.get("switch", {}).get("drops", 0)
-    warnings = verdict(cpu, list(late.values()), unexplained, drops)
+    links_failed = any(e.get("kind") == "link" and e.get("state") == "down" and e.get("ok")
+                       for e in traffic.get("events") or [])
+    # A link taken down loses what was on it, where no switch queue counts it: expected.
+    warnings = verdict(cpu, list(late.values()), 0 if links_failed else unexplained, drops)
     if ports:
         ecn, pfc = settings_of(spec)
         link_Bps = max(ln.emulated_bps for ln in plan.links) / 8
         warnings += lossless_warnings(ports, asdict(ecn), pfc, reaction, link_Bps, plan.mtu + ETH_HEADER)
         warnings += daemon_warnings(traffic.get("pfc_daemon") or {})
     note = loss_note(unexplained, drops)
+    if links_failed and unexplained:
+        note = (f"{unexplained} packet(s) were lost where no switch counter saw them: on the "
+                "link(s) taken down, with what their queues held (RC resent them)")
     machine = {k: v for k, v in cpu.items() if k.startswith("cpu_")}
     summary["fidelity"] = {**machine, "nic_engine_late_wakes_max": max(late.values()) if late else None,
                            "trusted": not warnings, "warnings": warnings,

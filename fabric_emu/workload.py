@@ -62,8 +62,11 @@ def agent_configs(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], work
 
 
 def spray_entropies(spec: ExperimentSpec, plan: FabricPlan) -> int:
-    """UDP source ports per QP under packet spraying; 0 when the fabric does not spray."""
-    if spec.load_balancing != "spray":
+    """UDP source ports each QP rotates through: 0 (one port) unless the run may spray, at the
+    start, by a scheduled event, or live (spray.entropies set: `fabric-emu lb spray` later)."""
+    may_spray = (spec.load_balancing == "spray" or spec.spray.entropies is not None
+                 or any(e.load_balancing == "spray" for e in spec.events))
+    if not may_spray:
         return 0
     return spray.plan_entropies([len(plan.uplinks(leaf.name)) for leaf in plan.leaves],
                                 spec.spray.entropies)
@@ -127,15 +130,16 @@ def _read_line(proc: subprocess.Popen, deadline: float) -> str | None:
 
 def run_agents(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], fabric, record: RunRecord,
                workdir: Path, say: Callable[[str], None], watch: Callable[[int, str], None] | None = None,
-               info: dict | None = None) -> dict[str, dict]:
+               info: dict | None = None, on_go: Callable[[float], None] | None = None) -> dict[str, dict]:
     """Run every rank's NIC to completion (or timeout); returns stats by host name.
 
     watch(pid, label), when given, is told each engine process (the fidelity monitor samples it);
-    info, when given, gets the engines' count, start-up time and memory."""
+    info, when given, gets the engines' count, start-up time and memory; on_go(go) is told the
+    wall-clock time traffic starts at (scheduled events count from it)."""
     procs: dict[str, subprocess.Popen] = {}
     try:
         _start_and_wait(spec, plan, ranks, fabric, record, workdir, say, procs, watch,
-                        info if info is not None else {})
+                        info if info is not None else {}, on_go)
     except BaseException as e:
         # Interrupted or failed: engines still write what they measured; keep it for the report.
         _stop(procs)
@@ -148,7 +152,8 @@ def run_agents(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], fabric,
 def _start_and_wait(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], fabric,
                     record: RunRecord, workdir: Path, say: Callable[[str], None],
                     procs: dict[str, subprocess.Popen],
-                    watch: Callable[[int, str], None] | None, info: dict) -> None:
+                    watch: Callable[[int, str], None] | None, info: dict,
+                    on_go: Callable[[float], None] | None = None) -> None:
     cfgs = agent_configs(spec, plan, ranks, workdir, fabric.netns_of)
     for a, b in unchecked_pairs(cfgs[0].workload, ranks):
         # A first packet to an unresolved neighbour waits in a small kernel queue (or is lost).
@@ -181,6 +186,8 @@ def _start_and_wait(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], fa
     for p in procs.values():
         p.stdin.write(f"GO {go:.6f}\n")
         p.stdin.flush()
+    if on_go is not None:
+        on_go(go)
     say(f"traffic: {spec.workload.type} over {len(ranks)} hosts started")
 
     deadline = go + spec.timeout + 5.0  # engines enforce the timeout; this is the backstop

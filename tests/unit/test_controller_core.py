@@ -200,3 +200,57 @@ def test_spray_sends_each_entropy_value_up_its_own_uplink(spines, entropies):
 def test_unknown_mode_raises(plan):
     with pytest.raises(ValueError, match="unknown load balancing"):
         FabricCore(plan, "random")
+
+
+# --------------------------------------------------------------------------- link faults
+def _route_ports(msgs: list, pkt: dict) -> set[int]:
+    return set(_out_ports(msgs, pkt))
+
+
+@pytest.mark.parametrize("mode", ["ecmp", "spray"])
+def test_a_failed_link_is_routed_around_by_every_leaf_and_restored(mode):
+    plan = build_plan(TopologySpec(name="t", kind="leaf-spine", spines=4, leaves=3, hosts_per_leaf=1))
+    core = FabricCore(plan, mode, LbOptions(4))
+    h1, h2, h3 = (plan.host_by_name[h] for h in ("h1", "h2", "h3"))
+    leaves = {leaf.name: leaf for leaf in plan.leaves}
+    msgs = {leaf.dpid: core.switch_up(leaf.dpid) for leaf in plan.leaves}
+    port_to = {name: {p.peer: p.port for p in plan.uplinks(name)} for name in leaves}
+
+    def ports_used(src, dst, leaf_msgs):
+        pkt = {"eth_type": 0x0800, "ipv4_src": src.ip, "ipv4_dst": dst.ip, "ip_proto": 17, "udp_dst": 4791}
+        used = set()
+        for sport in range(0xC000, 0xC000 + 64):  # every entropy value and many QPs
+            used |= _route_ports(leaf_msgs, {**pkt, "udp_src": sport})
+        return used
+
+    def apply(old: list, new: list) -> list:
+        """What the leaf holds after the new messages (adds replace the same match and
+        priority, a cookie delete removes the mode's flows, groups are replaced by id)."""
+        flows = {(f.table, f.priority, tuple(sorted(map(str, f.match.items())))): f
+                 for f in old if isinstance(f, Flow)}
+        groups = {g.group_id: g for g in old if isinstance(g, Group)}
+        for m in new:
+            if isinstance(m, Group):
+                groups[m.group_id] = m
+            elif isinstance(m, Flow):
+                flows[(m.table, m.priority, tuple(sorted(map(str, m.match.items()))))] = m
+            elif type(m).__name__ == "DeleteFlows":
+                flows = {k: f for k, f in flows.items() if f.cookie != m.cookie}
+        return [*groups.values(), *flows.values()]
+
+    assert ports_used(h1, h2, msgs[leaves["leaf1"].dpid]) == set(port_to["leaf1"].values())
+    changed = core.link_changed("leaf1", "spine2", up=False)
+    assert set(changed) == {leaf.dpid for leaf in plan.leaves}
+    after = {dpid: apply(msgs[dpid], changed[dpid]) for dpid in msgs}
+    # leaf1 stops using spine2 for everyone; leaf2 stops using spine2 towards leaf1 only
+    assert ports_used(h1, h2, after[leaves["leaf1"].dpid]) == set(port_to["leaf1"].values()) - {port_to["leaf1"]["spine2"]}
+    assert ports_used(h2, h1, after[leaves["leaf2"].dpid]) == set(port_to["leaf2"].values()) - {port_to["leaf2"]["spine2"]}
+    assert ports_used(h2, h3, after[leaves["leaf2"].dpid]) == set(port_to["leaf2"].values())
+    new_groups = [g for g in changed[leaves["leaf2"].dpid] if isinstance(g, Group)]
+    assert {g.modify for g in new_groups if g.group_id == 1} == {True}  # group 1 existed: modified
+    back = core.link_changed("leaf1", "spine2", up=True)
+    restored = {dpid: apply(after[dpid], back[dpid]) for dpid in msgs}
+    assert ports_used(h2, h1, restored[leaves["leaf2"].dpid]) == set(port_to["leaf2"].values())
+    assert ports_used(h1, h3, restored[leaves["leaf1"].dpid]) == set(port_to["leaf1"].values())
+    assert core.link_of(leaves["leaf1"].dpid, port_to["leaf1"]["spine2"]) == ("leaf1", "spine2")
+    assert core.link_of(leaves["leaf1"].dpid, h1.leaf_port) is None  # a host port
