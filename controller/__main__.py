@@ -27,11 +27,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ready-file", required=True, help="written once every switch is programmed")
     p.add_argument("--ofp-port", type=int, required=True, help="OpenFlow TCP port to listen on")
     p.add_argument("--listen", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--lb-mode", default="ecmp", help="ecmp | spray (dlb later)")
+    p.add_argument("--lb-mode", default="ecmp", help="ecmp | spray | dlb")
     p.add_argument("--spray-entropies", type=int, default=0,
                    help="spray: UDP source ports per QP (a power of two; 0: one per uplink)")
     p.add_argument("--rest-port", type=int, default=0,
                    help="serve the REST API (GET/PUT /lb) on this port of --listen (0: none)")
+    p.add_argument("--bpf-pins", default="", help="the run's pinned BPF objects (the DLB stage's table)")
+    p.add_argument("--dlb-inactivity-ns", type=int, default=100_000_000, help="DLB flowlet gap, wall ns")
+    p.add_argument("--dlb-window-ns", type=int, default=40_000_000, help="DLB quality window, wall ns")
     p.add_argument("--log", help="log file (default: stderr)")
     args = p.parse_args(argv)
     try:
@@ -92,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg.CONF.set_override("spray_entropies", args.spray_entropies, group="fabric")
     cfg.CONF.set_override("rest_port", args.rest_port, group="fabric")
     cfg.CONF.set_override("rest_host", args.listen, group="fabric")
+    cfg.CONF.set_override("bpf_pins", args.bpf_pins, group="fabric")
+    cfg.CONF.set_override("dlb_inactivity_ns", args.dlb_inactivity_ns, group="fabric")
+    cfg.CONF.set_override("dlb_window_ns", args.dlb_window_ns, group="fabric")
 
     close_apps_on_signal()
     log = logging.getLogger("fabric_emu.controller")

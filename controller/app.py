@@ -11,6 +11,8 @@ Configuration arrives as os_ken.cfg options in group [fabric] (controller/__main
   lb_mode     ecmp | spray (dlb later)
   spray_entropies  UDP source ports per QP the NICs rotate through (0: one, no spraying)
   rest_port   the REST API's TCP port (controller/rest.py; 0: none), on rest_host (loopback)
+  bpf_pins    the run's pinned BPF maps: the DLB stage's table is configured through them
+  dlb_inactivity_ns, dlb_window_ns   the DLB stage's flowlet gap and quality window (wall ns)
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from controller.core import (UPLINK_BUILDERS, Action, DeleteFlows, FabricCore, F
                              ToGroup)
 from controller.rest import make_app
 from fabric_emu.plan import FabricPlan
+from fabric_emu.ports.dlb import DlbTable
 
 LOG = logging.getLogger("fabric_emu.controller")
 LOAD_POLL_S = 1.0  # how often the REST API's uplink loads are refreshed (OpenFlow port stats)
@@ -50,6 +53,9 @@ cfg.CONF.register_opts([
     cfg.IntOpt("spray_entropies", default=0, help="spray: UDP source ports per QP (0: default)"),
     cfg.IntOpt("rest_port", default=0, help="REST API port (0: no REST API)"),
     cfg.StrOpt("rest_host", default="127.0.0.1", help="REST API address"),
+    cfg.StrOpt("bpf_pins", default="", help="the run's pinned BPF objects (DLB's table)"),
+    cfg.IntOpt("dlb_inactivity_ns", default=100_000_000, help="DLB flowlet gap, wall ns"),
+    cfg.IntOpt("dlb_window_ns", default=40_000_000, help="DLB quality window, wall ns"),
 ], group="fabric")
 
 # Open vSwitch's select-group extension (include/openflow/netronome-ext.h).
@@ -91,6 +97,18 @@ def _field_mask_tlv(name: str, mask: int | None = None) -> bytes:
     return bytes(header) + (b"\xff" * width if mask is None else mask.to_bytes(width, "big"))
 
 
+# Nicira extension fields (class 0x0001) that os-ken would put first: Open vSwitch checks each
+# field's prerequisites as it parses them, so nw_ttl must come after eth_type.
+_NXM_LAST = frozenset({"nw_ttl"})
+
+
+def _match(fields: dict) -> parser.OFPMatch:
+    m = parser.OFPMatch(**fields)
+    if _NXM_LAST.isdisjoint(fields):
+        return m
+    return parser.OFPMatch(_ordered_fields=sorted(m._fields2, key=lambda kv: kv[0] in _NXM_LAST))
+
+
 def _actions(actions: Iterable[Action]) -> list[parser.OFPAction]:
     out = []
     for a in actions:
@@ -127,7 +145,7 @@ def to_ofp(dp: Datapath, msg: Message) -> list[parser.MsgBase]:
             if msg.goto_table is not None:
                 inst.append(parser.OFPInstructionGotoTable(msg.goto_table))
             return [parser.OFPFlowMod(dp, table_id=msg.table, priority=msg.priority, cookie=msg.cookie,
-                                      match=parser.OFPMatch(**msg.match), instructions=inst)]
+                                      match=_match(msg.match), instructions=inst)]
         case DeleteFlows(table, cookie):
             return [parser.OFPFlowMod(dp, table_id=table, command=ofp.OFPFC_DELETE, cookie=cookie,
                                       cookie_mask=0xFFFFFFFFFFFFFFFF, out_port=ofp.OFPP_ANY,
@@ -168,6 +186,45 @@ class FabricApp(app_manager.OSKenApp):
         if conf.rest_port:
             hub.spawn(self._serve_rest, conf.rest_host, conf.rest_port)
             hub.spawn(self._poll_uplinks)
+        self.dlb: DlbTable | None = None  # the flowlet stage's table, once the run loaded it
+        if conf.bpf_pins:
+            hub.spawn(self._open_dlb, Path(conf.bpf_pins), conf.dlb_inactivity_ns, conf.dlb_window_ns)
+
+    # ------------------------------------------------------------------ DLB's flowlet stage
+    def _open_dlb(self, pins: Path, inactivity_ns: int, window_ns: int) -> None:
+        """The run loads the port programs while switches connect: wait for the table, then set
+        every leaf's stage up (enabled if the run starts in dlb)."""
+        deadline = time.time() + 300
+        while not (pins / "maps" / "dlb").exists():
+            if time.time() > deadline:
+                LOG.error("no DLB table under %s: dlb is unavailable", pins)
+                return
+            hub.sleep(0.1)
+        table = DlbTable.open(pins)
+        for leaf in self.core.plan.leaves:
+            n = self.core.leaf_number(leaf)
+            table.configure(n, inactivity_ns=inactivity_ns, window_ns=window_ns,
+                            n_uplinks=len(self.core.plan.uplinks(leaf.name)),
+                            allowed=self.core.dlb_allowed(leaf))
+            table.enable(n, self.core.lb_mode == "dlb")
+        self.dlb = table
+        LOG.info("DLB stage configured (inactivity %d ns, quality window %d ns), %s", inactivity_ns,
+                 window_ns, "enabled" if self.core.lb_mode == "dlb" else "standing by")
+
+    def _dlb_enable(self, on: bool) -> None:
+        if self.dlb is not None:
+            for leaf in self.core.plan.leaves:
+                self.dlb.enable(self.core.leaf_number(leaf), on)
+
+    def _dlb_state(self) -> dict:
+        if self.dlb is None:
+            return {"ready": False}
+        per_leaf = {}
+        for leaf in self.core.plan.leaves:
+            ups = self.core.plan.uplinks(leaf.name)
+            c = self.dlb.counters(self.core.leaf_number(leaf), len(ups))
+            per_leaf[leaf.name] = {p.peer: {k: c[k][i] for k in c} for i, p in enumerate(ups)}
+        return {"ready": True, "uplinks": per_leaf}
 
     # ------------------------------------------------------------------ REST (controller/rest.py)
     def _serve_rest(self, host: str, port: int) -> None:
@@ -186,7 +243,7 @@ class FabricApp(app_manager.OSKenApp):
                 "spray_entropies": self.core.options.spray_entropies or 0,
                 "uplinks": uplinks, "load_interval_s": LOAD_POLL_S, "changes": self.changes,
                 "links_down": sorted("-".join(sorted(link)) for link in self.core.down),
-                "link_changes": self.link_changes}
+                "link_changes": self.link_changes, "dlb": self._dlb_state()}
 
     def set_mode(self, mode: str, params: dict) -> dict:
         """Replace the mode's flows on every leaf; return once every leaf has answered a
@@ -197,9 +254,15 @@ class FabricApp(app_manager.OSKenApp):
         missing = [hex(d) for d in leaves if d not in self.datapaths]
         if missing:
             raise ValueError(f"switches not connected: {', '.join(missing)}")
+        if mode == "dlb" and self.dlb is None:
+            raise Conflict("the DLB stage is not loaded in this run (no BPF table)")
         t0 = time.time()
         per_leaf = self.core.set_mode(mode)  # ValueError / Conflict: nothing was sent
+        if mode != "dlb":
+            self._dlb_enable(False)  # stop marking before the rules that follow marks go
         change = {"time": t0, "mode": mode, **self._apply(per_leaf, t0)}
+        if mode == "dlb":
+            self._dlb_enable(True)  # mark once every leaf follows the marks
         self.changes.append(change)
         LOG.info("load balancing now %s (applied in %.1f ms)", mode, change["applied_s"] * 1e3)
         return change
@@ -239,6 +302,9 @@ class FabricApp(app_manager.OSKenApp):
         if (frozenset(link) not in self.core.down) == up:
             return  # no change (its other end reported it already, or a mere counter update)
         msgs = self.core.link_changed(*link, up)  # now, so the other end's report is no change
+        if self.dlb is not None:  # the flowlet stage stops choosing uplinks that cannot reach
+            for leaf in self.core.plan.leaves:
+                self.dlb.set_allowed(self.core.leaf_number(leaf), self.core.dlb_allowed(leaf))
         hub.spawn(self._reroute, link, up, t0, msgs)  # waits on barriers: not in the event loop
 
     def _reroute(self, link: tuple[str, str], up: bool, t0: float, msgs: dict[int, list[Message]]) -> None:

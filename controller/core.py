@@ -14,6 +14,9 @@ Two tables on every switch (higher priority wins). Table 0 tags, table 1 routes:
   prio 300  leaf:  ipv4_dst=<own host>/32        -> output:<host port>
   prio 250  leaf (spray): ipv4_dst=<other leaf's /24>, udp, udp_src=<b>/<entropies-1>
                                                  -> output:<uplink b mod n> (fabric_emu.spray)
+            leaf (dlb):   ipv4_dst=<other leaf's /24>, udp, nw_ttl=192+i
+                                                 -> output:<uplink i> (the flowlet stage's choice,
+                                                    fabric_emu/ports/bpf/port.c)
   prio 200  leaf:  ipv4_dst=<other leaf's /24>   -> the leaf's uplink spreading (ECMP: group 1)
             spine: ipv4_dst=<leaf j's /24>       -> output:<port to leaf j>
   prio 100  ARP request                          -> controller (proxy ARP from the plan)
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 from typing import Callable, Union
 
 from fabric_emu import spray
+from fabric_emu.ports.dlb import TTL_BASE as DLB_TTL_BASE
 from fabric_emu.plan import FabricPlan, Host, Switch
 from fabric_emu.ports.model import port_ends
 
@@ -195,9 +199,19 @@ def spray_uplinks(plan: FabricPlan, leaf: Switch, options: LbOptions, uplinks: l
     return UplinkSpread((), ToGroup(ECMP_GROUP_ID), refinements)
 
 
-# "dlb" (flowlets on observed port load) adds its builder here.
+def dlb_uplinks(plan: FabricPlan, leaf: Switch, options: LbOptions, uplinks: list | None = None) -> UplinkSpread:
+    """The flowlet stage (bpf/port.c, on the leaf's host links) writes its choice of uplink i
+    into the IP TTL as DLB_TTL_BASE + i: one rule per uplink sends it there. Uplinks that
+    cannot reach a destination are left out by the stage itself (its allowed masks), so the
+    rules cover every uplink."""
+    return UplinkSpread((), ToGroup(ECMP_GROUP_ID), tuple(
+        ({"ip_proto": IP_PROTO_UDP, "nw_ttl": DLB_TTL_BASE + i}, Output(p.port))
+        for i, p in enumerate(plan.uplinks(leaf.name))))
+
+
 UplinkBuilder = Callable[..., UplinkSpread]  # (plan, leaf, options, uplinks=None)
-UPLINK_BUILDERS: dict[str, UplinkBuilder] = {"ecmp": ecmp_uplinks, "spray": spray_uplinks}
+UPLINK_BUILDERS: dict[str, UplinkBuilder] = {"ecmp": ecmp_uplinks, "spray": spray_uplinks,
+                                             "dlb": dlb_uplinks}
 
 
 def uplink_builder(lb_mode: str) -> UplinkBuilder:
@@ -362,6 +376,17 @@ class FabricCore:
             if p.port == port and p.kind == "fabric":
                 return switch.name, p.peer
         return None
+
+    def leaf_number(self, leaf: Switch) -> int:
+        """The number the flowlet stage knows a leaf by: its hosts' 10.0.<n>.0/24."""
+        return int(self._prefix[leaf.name].network_address.packed[2])
+
+    def dlb_allowed(self, leaf: Switch) -> dict[int, int]:
+        """Destination leaf number -> bitmask of this leaf's uplink indexes that reach it."""
+        index = {p.port: i for i, p in enumerate(self.plan.uplinks(leaf.name))}
+        by_name = {s.name: s for s in self.plan.leaves}
+        return {self.leaf_number(by_name[name]): sum(1 << index[p.port] for p in self._usable_uplinks(leaf, name))
+                for name in self._prefix if name != leaf.name}
 
     def link_ends(self, a: str, b: str) -> list[tuple[int, int]]:
         """(dpid, port) of both ends of the link between switches a and b."""

@@ -57,7 +57,7 @@ Rate = Annotated[float, _unit(units.parse_rate_bps, units.RATE_HELP)]
 Seconds = Annotated[float, _unit(units.parse_time_s, units.TIME_HELP)]
 
 
-IMPLEMENTED_LB = ("ecmp", "spray")
+IMPLEMENTED_LB = ("ecmp", "spray", "dlb")
 
 
 class Strict(BaseModel):
@@ -184,6 +184,10 @@ class FlowSpec(Strict):
     qps: int = Field(default=1, ge=1, le=64)
     start: Seconds = Field(default=0.0, ge=0, le=60,
                            description="modelled fabric time after the common start")
+    iterations: int = Field(default=1, ge=1, le=10_000, description="times the flow sends `size`")
+    gap: Seconds = Field(default=0.0, ge=0, le=60,
+                         description="idle time between an iteration's acknowledgement and the next "
+                                     "(0: the next is posted as soon as the last has left)")
 
     @field_validator("dst")
     @classmethod
@@ -321,6 +325,16 @@ class TransportSpec(Strict):
     retry_limit: int = Field(default=7, ge=1, le=7, description="timeouts in a row before the QP fails")
 
 
+class DlbSpec(Strict):
+    """Dynamic load balancing (load_balancing: dlb): flowlet switching on the leaves' uplinks
+    (modelled times; they run x dilation)."""
+
+    inactivity: Seconds = Field(default=50e-6, gt=0, le=1,
+                                description="idle gap after which a flow may take another uplink")
+    quality_window: Seconds = Field(default=20e-6, gt=0, le=1,
+                                    description="how far back the uplinks' load is counted")
+
+
 class SpraySpec(Strict):
     """Packet spraying (load_balancing: spray): how many UDP source ports each queue pair rotates
     through per packet (fabric_emu.spray); the leaves send each one up its own uplink."""
@@ -395,6 +409,7 @@ class ExperimentSpec(Strict):
     dcqcn: DcqcnSpec = DcqcnSpec()
     transport: TransportSpec = TransportSpec()
     spray: SpraySpec = SpraySpec()
+    dlb: DlbSpec = DlbSpec()
     events: list[EventSpec] = Field(default_factory=list, max_length=1000)
 
     @field_validator("load_balancing")

@@ -96,8 +96,11 @@ class ControllerProcess:
 
 def start_controller(plan_path: str | os.PathLike, workdir: str | os.PathLike,
                      port: int | None = None, lb_mode: str = "ecmp",
-                     spray_entropies: int | None = None, rest: bool = True) -> ControllerProcess:
-    """Start the controller for a plan JSON and return at once; wait_ready once switches exist."""
+                     spray_entropies: int | None = None, rest: bool = True,
+                     dlb: tuple[str, int, int] | None = None) -> ControllerProcess:
+    """Start the controller for a plan JSON and return at once; wait_ready once switches exist.
+    dlb: (the run's BPF pin folder, flowlet gap ns, quality window ns, wall clock) for the DLB
+    stage's table; rest: serve the REST API on a free loopback port."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_tcp_port()
@@ -107,6 +110,8 @@ def start_controller(plan_path: str | os.PathLike, workdir: str | os.PathLike,
     cmd = [sys.executable, "-m", "controller", "--plan", str(Path(plan_path).resolve()),
            "--ready-file", str(ready_file.resolve()), "--ofp-port", str(port),
            "--listen", LISTEN_HOST, "--lb-mode", lb_mode]
+    if dlb is not None:
+        cmd += ["--bpf-pins", dlb[0], "--dlb-inactivity-ns", str(dlb[1]), "--dlb-window-ns", str(dlb[2])]
     rest_port = free_tcp_port() if rest else 0
     if rest_port:
         cmd += ["--rest-port", str(rest_port)]

@@ -134,7 +134,7 @@ class EventRunner:
         except RestError:
             return None
         return {"mode": state.get("mode"), "changes": state.get("changes", []),
-                "link_changes": state.get("link_changes", [])}
+                "link_changes": state.get("link_changes", []), "dlb": state.get("dlb", {})}
 
     def stop(self) -> list[dict]:
         """Stop (events not yet due are dropped) and return what fired."""

@@ -19,5 +19,14 @@ def print_lb_state(out: Console, run_id: str, state: dict) -> None:
     out.print(t)
     if state.get("links_down"):
         out.print(f"links down: {', '.join(state['links_down'])}", highlight=False)
+    dlb = state.get("dlb") or {}
+    if dlb.get("ready") and any(u["flowlets"] for ups in dlb["uplinks"].values() for u in ups.values()):
+        d = Table(title="DLB flowlet stage (since the run started)")
+        for col in ("leaf", "spine", "flowlets", "moves", "packets"):
+            d.add_column(col, justify="left" if col in ("leaf", "spine") else "right")
+        for leaf, ups in dlb["uplinks"].items():
+            for spine, u in ups.items():
+                d.add_row(leaf, spine, f"{u['flowlets']:,}", f"{u['moves']:,}", f"{u['packets']:,}")
+        out.print(d)
     for c in state.get("changes", []):
         out.print(f"changed to {c['mode']} (applied in {c['applied_s'] * 1e3:.1f} ms)", highlight=False)

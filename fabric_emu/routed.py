@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from fabric_emu.controller_proc import ControllerProcess, start_controller
 from fabric_emu.fabric import Fabric
 from fabric_emu.plan import FabricPlan
+from fabric_emu.ports import datapath
 from fabric_emu.ports.model import PortPlan, default_settings, port_plan
 from fabric_emu.ports.runtime import LosslessPorts
 from fabric_emu.records import RunRecord
@@ -16,7 +18,8 @@ class RoutedFabric:
     """Used by `fabric-emu run` and the start-up benchmark, so both measure the same thing."""
 
     def __init__(self, plan: FabricPlan, record: RunRecord, workdir: Path, lb_mode: str = "ecmp",
-                 ports: PortPlan | None = None, spray_entropies: int | None = None):
+                 ports: PortPlan | None = None, spray_entropies: int | None = None,
+                 dlb: tuple[int, int] | None = None):
         self.plan = plan
         self.port_plan = ports or port_plan(plan, *default_settings(plan))
         self.ports: LosslessPorts | None = None
@@ -25,6 +28,7 @@ class RoutedFabric:
         self.workdir = workdir
         self.lb_mode = lb_mode
         self.spray_entropies = spray_entropies
+        self.dlb = dlb  # (flowlet gap ns, quality window ns), wall clock
         self.ctrl: ControllerProcess | None = None
         self.fabric: Fabric | None = None
 
@@ -33,8 +37,9 @@ class RoutedFabric:
         (most of our start-up margin over raw Mininet); switches start once it listens."""
         plan_path = self.workdir / "plan.json"
         plan_path.write_text(self.plan.to_json())
+        dlb = (str(datapath.pin_dir(self.record.run_id)), *self.dlb) if self.dlb else None
         self.ctrl = start_controller(plan_path, self.workdir, lb_mode=self.lb_mode,
-                                     spray_entropies=self.spray_entropies)
+                                     spray_entropies=self.spray_entropies, dlb=dlb)
         if self.ctrl.rest_port:
             self.record.controller_url = self.ctrl.rest_url
         self.record.add_process(self.ctrl.pid, "controller")  # saves the record
@@ -46,6 +51,22 @@ class RoutedFabric:
         self.ports.start(self.fabric.netns_by_node())
         if not self.ctrl.wait_ready(ready_timeout_s):
             raise RuntimeError(f"the controller did not program all switches within {ready_timeout_s:.0f}s")
+        if self.lb_mode == "dlb":
+            self._wait_dlb(ready_timeout_s)
+
+    def _wait_dlb(self, timeout_s: float) -> None:
+        """The controller configures the flowlet stage once the port programs are loaded."""
+        from fabric_emu.events import RestError, rest_call
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if rest_call(self.ctrl.rest_url, timeout=2.0).get("dlb", {}).get("ready"):
+                    return
+            except RestError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("the controller did not set the DLB stage up (see logs/controller.log)")
 
     def down(self) -> list[str]:
         """Stop whatever was started; returns the problems met (the run record's clean follows)."""

@@ -175,8 +175,10 @@ class Runner:
 
         t = time.monotonic()
         ports = port_plan(self.plan, *settings_of(self.spec))
+        d = self.plan.dilation
+        dlb = (round(self.spec.dlb.inactivity * d * 1e9), round(self.spec.dlb.quality_window * d * 1e9))
         self.routed = RoutedFabric(self.plan, record, workdir, self.spec.load_balancing, ports=ports,
-                                   spray_entropies=spray_entropies(self.spec, self.plan) or None)
+                                   spray_entropies=spray_entropies(self.spec, self.plan) or None, dlb=dlb)
         self.routed.up(READY_TIMEOUT_S)
         self.times["bring_up"] = time.monotonic() - t
         self.say(f"fabric up and routed in {self.times['bring_up']:.1f}s")

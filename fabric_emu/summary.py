@@ -265,6 +265,10 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
         moved = failovers(traffic["events"], lb.get("link_changes", []), plan.dilation)
         if moved:
             summary["failover"] = moved
+    dlb_uplinks = (lb.get("dlb") or {}).get("uplinks") or {}
+    if any(u["flowlets"] for ups in dlb_uplinks.values() for u in ups.values()):
+        # the flowlet stage's counters, per leaf and uplink: flowlets started, moves, bytes
+        summary["dlb"] = dlb_uplinks
     if lb.get("changes"):  # live changes (events and `fabric-emu lb`)
         summary["load_balancing_changes"] = lb["changes"]
         summary["load_balancing_final"] = lb["mode"]

@@ -22,6 +22,7 @@ class Flow:
     qps: int = 1
     start_s: float = 0.0  # modelled seconds after the common start
     iterations: int = 1
+    gap_s: float = 0.0  # modelled idle time after each acknowledged iteration
 
     @property
     def total_bytes(self) -> int:
@@ -44,7 +45,7 @@ def workload_flows(w: IncastWorkload | FlowsWorkload, hosts: list[str]) -> list[
         return [Flow(s, w.receiver, w.size, w.qps_per_sender, 0.0, w.iterations)
                 for s in incast_senders(w, hosts)]
     if isinstance(w, FlowsWorkload):
-        return [Flow(f.src, f.dst, f.size if f.size is not None else w.size, f.qps, f.start)
+        return [Flow(f.src, f.dst, f.size if f.size is not None else w.size, f.qps, f.start, f.iterations, f.gap)
                 for f in w.flows]
     raise TypeError(f"{w.type} is not made of flows")
 
@@ -72,14 +73,15 @@ def agent_hosts(flows: list[Flow], hosts: list[str]) -> list[str]:
 
 def flows_line_rate_s(flows: list[Flow], rate_bps: float, dilation: float) -> float:
     """Emulated time at line rate: the busiest host link (bytes sent or received, payload only)
-    plus the latest start. For an incast that is all the bytes over the receiver's link."""
+    plus the latest start (and a flow's gaps). For an incast that is all the bytes over the receiver's link."""
     sent: dict[str, int] = {}
     received: dict[str, int] = {}
     for f in flows:  # links are full duplex: each direction is its own bottleneck
         sent[f.src] = sent.get(f.src, 0) + f.total_bytes
         received[f.dst] = received.get(f.dst, 0) + f.total_bytes
     busiest = max([*sent.values(), *received.values()], default=0)
-    latest = max((f.start_s for f in flows), default=0.0)
+    # the latest start, with the idle gaps between a flow's iterations
+    latest = max((f.start_s + f.gap_s * (f.iterations - 1) for f in flows), default=0.0)
     return busiest * 8 / rate_bps + latest * dilation
 
 

@@ -38,7 +38,7 @@ def agent_workload(spec: ExperimentSpec, plan: FabricPlan) -> RingConfig | Flows
     flows = traffic.workload_flows(w, [h.name for h in plan.hosts])
     return FlowsConfig(type="flows", flows=tuple(
         FlowConfig(src=f.src, dst=f.dst, size=f.size, qps=f.qps, iterations=f.iterations,
-                   start_s=f.start_s * plan.dilation) for f in flows))
+                   start_s=f.start_s * plan.dilation, gap_s=f.gap_s * plan.dilation) for f in flows))
 
 
 def agent_configs(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], workdir: Path,

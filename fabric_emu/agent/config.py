@@ -91,6 +91,7 @@ class FlowConfig(_Frozen):
     qps: int = Field(default=1, ge=1)
     iterations: int = Field(default=1, ge=1)
     start_s: float = Field(default=0.0, ge=0, description="emulated seconds after GO")
+    gap_s: float = Field(default=0.0, ge=0, description="emulated idle time after each acknowledged iteration")
 
 
 class FlowsConfig(_Frozen):

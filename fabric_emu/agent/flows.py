@@ -39,6 +39,7 @@ class _Sending:
     posted: int = 0  # iterations handed to the NIC
     sent: int = 0  # iterations whose every message has left
     done: bool = False  # every message of every iteration acknowledged
+    next_at: float | None = None  # with a gap: when the next iteration may be posted
 
 
 @dataclass
@@ -83,8 +84,10 @@ class FlowRunner:
 
     @property
     def wake_at(self) -> float | None:
-        """The earliest start of a flow not posted yet."""
-        return min((s.start for s in self._sending if not s.posted), default=None)
+        """The earliest start of a flow not posted yet, or end of a gap."""
+        starts = [s.start for s in self._sending if not s.posted]
+        starts += [s.next_at for s in self._sending if s.next_at is not None and not s.done]
+        return min(starts, default=None)
 
     def advance(self, now: float) -> None:
         """Record what completed and post every iteration that may start now (called every loop)."""
@@ -106,6 +109,8 @@ class FlowRunner:
                     self._unfinished -= 1
                 continue
             if s.posted == s.sent and now >= s.start:
+                if s.posted and s.cfg.gap_s > 0 and not self._gap_over(s, now):
+                    continue
                 for i, nbytes in zip(s.qps, self._parts[s.flow]):
                     self.nic.post_write(i, nbytes, now)
                 s.log["iterations"].append({"iteration": s.posted, "posted": now, "sent": None})
@@ -115,3 +120,15 @@ class FlowRunner:
                 r.done = True
                 r.log["received"] = now
                 self._unfinished -= 1
+
+    def _gap_over(self, s: _Sending, now: float) -> bool:
+        """With a gap: the flow stays idle for gap_s after its last iteration is acknowledged
+        (so the wire really is idle that long: a flowlet boundary for DLB)."""
+        if s.next_at is None:
+            if min(self.nic.send_qps[i].messages_done for i in s.qps) < s.posted:
+                return False  # not acknowledged yet
+            s.next_at = now + s.cfg.gap_s
+        if now < s.next_at:
+            return False
+        s.next_at = None
+        return True

@@ -92,8 +92,8 @@ def test_fabric_emu_lb_switches_a_running_fabric(tmp_path):
         switch = fabric_emu("lb", "spray")
         assert switch.returncode == 0, switch.stdout + switch.stderr
         assert "spray" in switch.stdout and "applied" in switch.stdout
-        bad = fabric_emu("lb", "dlb")
-        assert bad.returncode == 2 and "dlb" in bad.stderr
+        bad = fabric_emu("lb", "flowlet")
+        assert bad.returncode == 2 and "flowlet" in bad.stderr, bad.stderr
         out, _ = run.communicate(timeout=300)
     finally:
         if run.poll() is None:
@@ -107,7 +107,7 @@ def test_fabric_emu_lb_switches_a_running_fabric(tmp_path):
     assert all(b > 0.05 * sum(up.values()) for b in up.values()), up  # every uplink carried some
 
 
-@pytest.mark.parametrize("mode", ["ecmp", "spray"])
+@pytest.mark.parametrize("mode", ["ecmp", "spray", "dlb"])
 def test_the_ring_completes_when_an_uplink_fails_in_the_middle(tmp_path_factory, mode):
     """experiments/link-failure.yaml: leaf1-spine2 goes down 300 us in; every leaf is rerouted
     (the summary's failover), RC resends what was lost, and nothing uses the link afterwards."""

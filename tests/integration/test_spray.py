@@ -1,6 +1,6 @@
 """Packet spraying on a real fabric: one QP's bytes spread evenly over the uplinks, the receiver
 places reordered packets by PSN (no NAK, no resend), OVS's flow cache keeps up, and on the ECMP
-collision scenario spraying finishes the flows as fast as if nothing collided."""
+collision scenario spraying and DLB finish the flows as fast as if nothing collided."""
 
 from __future__ import annotations
 
@@ -57,15 +57,23 @@ def _flow_completions(run_dir) -> list[float]:
     return [float(f["completion_fabric_us"]) for f in read_csv(run_dir / "flows.csv")]
 
 
-def test_spray_removes_the_ecmp_collision(tmp_path_factory):
+def test_spray_and_dlb_remove_the_ecmp_collision(tmp_path_factory):
+    """experiments/ecmp-collision.yaml: ECMP puts two of four flows on one uplink; spraying
+    spreads every flow over all four, DLB gives each new flow the least-loaded uplink."""
     ecmp_dir, r = run_shipped(tmp_path_factory, "ecmp-collision")
     assert r.returncode == 0, r.stdout + r.stderr
-    spray_dir, r = run_shipped(tmp_path_factory, "ecmp-collision", "load_balancing=spray")
-    assert r.returncode == 0, r.stdout + r.stderr
-    ecmp, sprayed = read_json(ecmp_dir / "summary.json"), read_json(spray_dir / "summary.json")
+    ecmp = read_json(ecmp_dir / "summary.json")
     assert ecmp["ecmp"]["max_qps_per_uplink"] >= 2  # the scenario's promise: ECMP collides
     alone = min(_flow_completions(ecmp_dir))  # a flow that had an uplink to itself
     assert max(_flow_completions(ecmp_dir)) > 1.5 * alone
-    assert sprayed["jct_fabric_s"] <= 0.75 * ecmp["jct_fabric_s"]
-    assert max(_flow_completions(spray_dir)) <= 1.15 * alone
-    assert sprayed["transport"]["retransmitted_packets"] == 0
+    for mode in ("spray", "dlb"):
+        run_dir, r = run_shipped(tmp_path_factory, "ecmp-collision", f"load_balancing={mode}")
+        assert r.returncode == 0, r.stdout + r.stderr
+        s = read_json(run_dir / "summary.json")
+        assert s["jct_fabric_s"] <= 0.75 * ecmp["jct_fabric_s"], mode
+        assert max(_flow_completions(run_dir)) <= 1.15 * alone, mode
+        assert s["transport"]["retransmitted_packets"] == 0, mode
+        if mode == "dlb":  # one flowlet per flow, each on an uplink of its own, none moved
+            ups = s["dlb"]["leaf1"]
+            assert sorted(u["flowlets"] for u in ups.values()) == [1, 1, 1, 1], ups
+            assert sum(u["moves"] for u in ups.values()) == 0

@@ -42,8 +42,10 @@ def test_set_overrides_take_dotted_paths(spec_dir: Path):
     ("name: e\ntopology: topo.yaml\nworkload: {type: allreduce, size: 1MB, iterations: 0}\n", "exp.yaml",
      "workload.iterations"),
     ("name: e\ntopology: nope.yaml\nworkload: {type: allreduce, size: 1MB}\n", "exp.yaml", "topology"),
-    ("name: e\ntopology: topo.yaml\nload_balancing: dlb\nworkload: {type: allreduce, size: 1MB}\n",
+    ("name: e\ntopology: topo.yaml\nload_balancing: flowlet\nworkload: {type: allreduce, size: 1MB}\n",
      "exp.yaml", "load_balancing"),
+    ("name: e\ntopology: topo.yaml\nload_balancing: dlb\ndlb: {inactivity: 0us}\n"
+     "workload: {type: allreduce, size: 1MB}\n", "exp.yaml", "dlb.inactivity"),
     ("name: e\ntopology: topo.yaml\nload_balancing: spray\nspray: {entropies: 6}\n"
      "workload: {type: allreduce, size: 1MB}\n", "exp.yaml", "spray.entropies"),
     ("name: 'bad name;rm'\ntopology: topo.yaml\nworkload: {type: allreduce, size: 1MB}\n", "exp.yaml", "name"),

@@ -166,9 +166,25 @@ def test_non_arp_request_packet_in_produces_nothing(plan, core):
 
 
 # --------------------------------------------------------------------------- modes
-def test_planned_modes_raise_not_implemented(plan):
-    with pytest.raises(ValueError, match="not implemented yet"):
-        FabricCore(plan, "dlb")
+def test_dlb_sends_each_ttl_value_up_its_uplink_and_masks_what_cannot_reach(plan):
+    """The flowlet stage marks its choice of uplink i as TTL 192 + i; the leaf's rules follow
+    it. Its allowed masks leave out uplinks whose spine lost the destination."""
+    core = FabricCore(plan, "dlb")
+    leaf1, leaf2 = plan.leaves[0], plan.leaves[1]
+    msgs = core.switch_up(leaf1.dpid)
+    h1, h3 = plan.host_by_name["h1"], plan.host_by_name["h3"]
+    ups = plan.uplinks(leaf1.name)
+    for i, p in enumerate(ups):
+        pkt = {"eth_type": 0x0800, "ipv4_src": h1.ip, "ipv4_dst": h3.ip, "ip_proto": 17, "nw_ttl": 192 + i}
+        assert _out_ports(msgs, pkt) == [p.port]
+    plain = {"eth_type": 0x0800, "ipv4_src": h1.ip, "ipv4_dst": h3.ip, "ip_proto": 17, "nw_ttl": 64}
+    assert sorted(_out_ports(msgs, plain)) == sorted(p.port for p in ups)  # unmarked: ECMP
+    everyone = (1 << len(ups)) - 1
+    assert core.dlb_allowed(leaf1) == {core.leaf_number(l): everyone for l in plan.leaves[1:]}
+    core.link_changed(leaf2.name, ups[0].peer, up=False)  # spine1 lost leaf2
+    allowed = core.dlb_allowed(leaf1)
+    assert allowed[core.leaf_number(leaf2)] == everyone & ~1
+    assert allowed[core.leaf_number(plan.leaves[2])] == everyone
 
 
 @pytest.mark.parametrize("spines,entropies", [(4, None), (4, 16), (2, None), (3, None)])

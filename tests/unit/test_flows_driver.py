@@ -212,3 +212,29 @@ def test_driver_refuses_a_nic_that_does_not_match_the_flows():
     flows = (FlowConfig(src="h1", dst="h2", size=10, qps=2),)
     with pytest.raises(ValueError):
         FlowRunner(flows, "h1", FakeNic(1, 0), GO)
+
+
+def test_with_a_gap_the_next_iteration_waits_for_the_ack_then_the_gap():
+    flows = (FlowConfig(src="h1", dst="h2", size=10, qps=1, iterations=2, gap_s=0.3),)
+    nic = FakeNic(1, 0)
+    run = FlowRunner(flows, "h1", nic, GO)
+    run.advance(GO)
+    assert nic.posted == [(0, 10, GO)]
+    nic.send_qps[0].set(1, 0)  # left the NIC, not acknowledged: no gap starts yet
+    run.advance(GO + 0.1)
+    assert len(nic.posted) == 1 and run.wake_at is None
+    nic.send_qps[0].set(1, 1)  # acknowledged at GO + 0.2: the flow idles until GO + 0.5
+    run.advance(GO + 0.2)
+    assert len(nic.posted) == 1 and run.wake_at == pytest.approx(GO + 0.5)
+    run.advance(GO + 0.45)
+    assert len(nic.posted) == 1
+    run.advance(GO + 0.5)
+    assert nic.posted[1] == (0, 10, GO + 0.5) and run.wake_at is None
+    nic.send_qps[0].set(2, 2)
+    run.advance(GO + 0.6)
+    assert run.finished
+
+
+def test_gaps_count_in_the_line_rate_time():
+    flows = [Flow("h1", "h2", 1_000_000, iterations=3, gap_s=1e-3)]
+    assert flows_line_rate_s(flows, 8e6, 1000) == pytest.approx(3.0 + 2 * 1e-3 * 1000)

@@ -300,8 +300,8 @@ def test_a_sweep_with_other_runs_is_compared_by_specs_even_when_moved(tmp_path: 
 # ---------------------------------------------------------------------------- the command
 SEEDS = ["--seeds", "1-2"]
 SWEEP_BAD = {
-    "not-implemented": (["--over", "load_balancing=ecmp,dlb", *SEEDS],
-                        "error: exp.yaml: load_balancing: 'dlb' is not implemented yet (allowed: ecmp"),
+    "not-a-mode": (["--over", "load_balancing=ecmp,flowlet", *SEEDS],
+                   "error: exp.yaml: load_balancing: "),
     "unknown-key": (["--over", "workload.sizes=1MB,2MB", *SEEDS], "error: exp.yaml: workload.sizes: unknown key"),
     "bad-value": (["--over", "workload.size=1MB,lots", *SEEDS], "error: exp.yaml: workload.size: got 'lots' ("),
     "unknown-host": (["--over", "workload.ranks=[h1,h2],[h1,h9]", *SEEDS],
@@ -333,10 +333,11 @@ def test_sweep_of_a_missing_file(tmp_path: Path):
 
 
 def test_sweep_reports_each_bad_value_once(spec_dir: Path):
-    r = fabric_emu(["sweep", "exp.yaml", "--over", "load_balancing=dlb,ecmp,bogus", "--seeds", "1-3"], spec_dir)
+    r = fabric_emu(["sweep", "exp.yaml", "--over", "load_balancing=flowlet,ecmp", "--over", "workload.size=1MB,lots",
+                    "--seeds", "1-3"], spec_dir)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 2 and "'dlb' is not implemented yet" in lines[0] and "got 'bogus'" in lines[1], lines
+    assert len(lines) == 2 and "load_balancing" in lines[0] and "got 'lots'" in lines[1], lines
 
 
 def test_compare_bad_path_exits_2_with_one_line(tmp_path: Path):

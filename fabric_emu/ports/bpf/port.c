@@ -15,7 +15,8 @@
  *                  consumed and reported to the PFC daemon. At a switch port a lossless frame
  *                  is then charged to the port it enters by, and XOFF crossings signalled.
  *                  host_ingress (host NICs) does the same without the charge.
- *   host_egress    host NICs, egress: traffic class only.
+ *   host_egress    host NICs, egress: traffic class; and when the host's leaf runs DLB, the
+ *                  leaf's flowlet stage (below), which picks each new flowlet's uplink.
  *   qp_classify    host NICs, a filter of the per-queue-pair HTB inside the RoCE class's PFC
  *                  gate (fabric_emu/ports/qp_limiter.py): a packet whose socket mark names a
  *                  queue pair goes to that pair's rate class, anything else (ACKs, unmarked
@@ -34,6 +35,8 @@
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/ip.h>
+#include <linux/in.h>
+#include <linux/udp.h>
 #include <linux/pkt_cls.h>
 #include <linux/types.h>
 #include <stddef.h>
@@ -122,6 +125,69 @@ struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 1 << 16);
 } events SEC(".maps");
+
+/* Dynamic load balancing (flowlet switching) of a leaf, for the RoCE traffic its hosts send to
+ * other leaves. A flow (IP/UDP 4-tuple) keeps its uplink while its packets come less than
+ * `inactivity_ns` apart; a packet after a longer gap starts a new flowlet, which takes the
+ * allowed uplink with the least load: the bytes this leaf sent up each uplink in the current
+ * and the previous quality window (window_ns). The choice travels in the IP TTL
+ * (DLB_TTL_BASE + uplink index), which the RoCEv2 ICRC does not cover (routers change it);
+ * the leaf's OpenFlow rules send each TTL value up its uplink (controller/core.py).
+ *
+ * Where: on the host's side of the host-leaf link (host_egress), because Open vSwitch's
+ * userspace datapath reads a switch port through a packet socket, which sees a frame before
+ * the port's tc ingress hook could rewrite it. The wire between the two is instantaneous, so
+ * the stage sees the leaf's arrivals, in the leaf's clock; its state is per leaf (by the
+ * leaf number in the hosts' addresses, 10.0.<leaf>.<host>). Layout mirrored in
+ * fabric_emu/ports/dlb.py. */
+#define DLB_MAX_LEAVES 256
+#define DLB_MAX_UPLINKS 16
+#define DLB_TTL_BASE 192
+#define ROCE_PORT 4791
+
+struct dlb_leaf {
+	/* config (the controller) */
+	__u64 enabled;
+	__u64 inactivity_ns;
+	__u64 window_ns;
+	__u64 n_uplinks;
+	__u64 allowed[DLB_MAX_LEAVES];	/* per destination leaf: bitmask of the uplinks that reach it */
+	/* state (the program) */
+	__u64 window_start;
+	__u64 bytes_cur[DLB_MAX_UPLINKS];
+	__u64 bytes_prev[DLB_MAX_UPLINKS];
+	/* counters (the program) */
+	__u64 flowlets[DLB_MAX_UPLINKS];	/* flowlets started on each uplink */
+	__u64 moves[DLB_MAX_UPLINKS];	/* of them, flowlets of a flow whose last one took another */
+	__u64 packets[DLB_MAX_UPLINKS];
+	__u64 bytes[DLB_MAX_UPLINKS];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, DLB_MAX_LEAVES);
+	__type(key, __u32);
+	__type(value, struct dlb_leaf);
+} dlb SEC(".maps");
+
+struct flow_key {
+	__u32 saddr, daddr;
+	__u16 sport, dport;
+};
+
+struct flowlet {
+	__u64 last_ns;
+	__u32 uplink;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct flow_key);
+	__type(value, struct flowlet);
+} flowlets SEC(".maps");
 
 static __always_inline __u32 prio_of(void *data, void *end, struct iphdr **ipp)
 {
@@ -330,16 +396,90 @@ int host_ingress(struct __sk_buff *skb)
 	return ingress(skb, 0);
 }
 
+/* The flowlet stage: the uplink (index) for this packet, or -1 to leave it to the routes. */
+static __always_inline int dlb_uplink(struct iphdr *ip, struct udphdr *udp, __u32 len)
+{
+	__u32 src_leaf = ((__u8 *)&ip->saddr)[2], dst_leaf = ((__u8 *)&ip->daddr)[2];
+	struct dlb_leaf *leaf = bpf_map_lookup_elem(&dlb, &src_leaf);
+
+	if (!leaf || !leaf->enabled || src_leaf == dst_leaf)
+		return -1;
+	__u64 now = bpf_ktime_get_ns(), allowed = leaf->allowed[dst_leaf & (DLB_MAX_LEAVES - 1)];
+	__u32 n = leaf->n_uplinks;
+	struct flow_key key = {ip->saddr, ip->daddr, udp->source, udp->dest};
+	struct flowlet *f = bpf_map_lookup_elem(&flowlets, &key);
+	__u32 up;
+
+	if (f && now - f->last_ns < leaf->inactivity_ns && f->uplink < DLB_MAX_UPLINKS &&
+	    (allowed >> f->uplink & 1)) {
+		up = f->uplink;	/* within a flowlet: the path stays */
+	} else {
+		if (now - leaf->window_start >= leaf->window_ns) {	/* a new quality window */
+			leaf->window_start = now;
+			for (int i = 0; i < DLB_MAX_UPLINKS; i++) {
+				leaf->bytes_prev[i] = leaf->bytes_cur[i];
+				leaf->bytes_cur[i] = 0;
+			}
+		}
+		__u64 best = ~0ULL;
+		__u32 first = bpf_ntohs(udp->source) + ip->saddr;	/* ties: flows start apart */
+		up = DLB_MAX_UPLINKS;
+		for (int k = 0; k < DLB_MAX_UPLINKS; k++) {
+			if (k >= n)
+				break;
+			__u32 i = (first + k) % n & (DLB_MAX_UPLINKS - 1);
+			if (!(allowed >> i & 1))
+				continue;
+			__u64 load = leaf->bytes_cur[i] + leaf->bytes_prev[i];
+			if (load < best) {
+				best = load;
+				up = i;
+			}
+		}
+		if (up >= DLB_MAX_UPLINKS)
+			return -1;	/* no uplink reaches the destination */
+		__sync_fetch_and_add(&leaf->flowlets[up], 1);
+		if (f && f->uplink != up)
+			__sync_fetch_and_add(&leaf->moves[up], 1);
+		struct flowlet nf = {.last_ns = now, .uplink = up};
+		bpf_map_update_elem(&flowlets, &key, &nf, BPF_ANY);
+		f = 0;
+	}
+	if (f)
+		f->last_ns = now;
+	__sync_fetch_and_add(&leaf->bytes_cur[up & (DLB_MAX_UPLINKS - 1)], len);
+	__sync_fetch_and_add(&leaf->packets[up & (DLB_MAX_UPLINKS - 1)], 1);
+	__sync_fetch_and_add(&leaf->bytes[up & (DLB_MAX_UPLINKS - 1)], len);
+	return up;
+}
+
 SEC("tc")
 int host_egress(struct __sk_buff *skb)
 {
-	pull_headers(skb);
+	__u32 need = sizeof(struct ethhdr) + sizeof(struct iphdr) + sizeof(struct udphdr);
+
+	if (skb->data + need > skb->data_end && skb->len >= need)
+		bpf_skb_pull_data(skb, need);
 	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
 	struct iphdr *ip;
 
 	if (data + sizeof(struct ethhdr) > end)
 		return TC_ACT_OK;
 	skb->priority = HTB_MAJOR | (CLASS_MINOR_BASE + (prio_of(data, end, &ip) & (NPRIO - 1)));
+	if (!ip || ip->protocol != IPPROTO_UDP || ip->ihl != 5)
+		return TC_ACT_OK;
+	struct udphdr *udp = (void *)(ip + 1);
+	if ((void *)(udp + 1) > end || udp->dest != bpf_htons(ROCE_PORT))
+		return TC_ACT_OK;
+	int up = dlb_uplink(ip, udp, skb->len);
+	if (up < 0)
+		return TC_ACT_OK;
+	/* TTL and protocol share a checksummed 16-bit word. */
+	__u16 old_word = *(__u16 *)&ip->ttl, new_word = old_word;
+	((__u8 *)&new_word)[0] = DLB_TTL_BASE + up;
+	__u8 ttl = DLB_TTL_BASE + up;
+	bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), old_word, new_word, 2);
+	bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct iphdr, ttl), &ttl, 1, 0);
 	return TC_ACT_OK;
 }
 
