@@ -365,13 +365,15 @@ def resolve_thresholds(e: EcnSpec, p: PfcSpec, buf: int, need_headroom: int) -> 
 class EventSpec(Strict):
     """Something that happens during the run, at a modelled time from the start of traffic
     (x dilation on the wall clock): a change of load-balancing mode, or a fabric link going
-    down or coming back (`link: leaf1-spine2`, `state: down|up`)."""
+    down or coming back (`link: leaf1-spine2`, `state: down|up`), or changing its rate
+    (`gbps: 25`)."""
 
     at: Seconds = Field(ge=0, le=3600, description="modelled time from the start of traffic")
     load_balancing: Optional[Literal["ecmp", "dlb", "spray"]] = None
     link: Optional[str] = Field(default=None, pattern=r"^(leaf|spine)[1-9][0-9]{0,3}-(leaf|spine)[1-9][0-9]{0,3}$",
                                 description="a leaf-spine link, as leaf1-spine2")
     state: Optional[Literal["up", "down"]] = None
+    gbps: Optional[float] = Field(default=None, gt=0, le=1600, description="the link's new modelled rate")
 
     @field_validator("load_balancing")
     @classmethod
@@ -384,8 +386,10 @@ class EventSpec(Strict):
     def _one_thing(self):
         if (self.load_balancing is None) == (self.link is None):
             raise ValueError("an event takes either load_balancing or link (with state)")
-        if (self.link is None) != (self.state is None):
-            raise ValueError("a link event needs both link and state (up or down)")
+        if self.link is not None and (self.state is None) == (self.gbps is None):
+            raise ValueError("a link event takes link and either state (up or down) or gbps")
+        if self.link is None and (self.state is not None or self.gbps is not None):
+            raise ValueError("state and gbps go with link")
         return self
 
     @property

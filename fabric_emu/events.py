@@ -62,7 +62,7 @@ def failovers(fired: list[dict], link_changes: list[dict], dilation: float) -> l
     (or back), from the moment the link changed: failover_s (wall) and in modelled time."""
     out = []
     for row in fired:
-        if row.get("kind") != "link" or not row.get("ok"):
+        if row.get("kind") != "link" or not row.get("ok") or "state" not in row:
             continue
         name = "-".join(sorted(row["link"].split("-")))
         match = next((c for c in link_changes if c["link"] == name and c["state"] == row["state"]
@@ -79,15 +79,16 @@ def failovers(fired: list[dict], link_changes: list[dict], dilation: float) -> l
 
 
 SetLink = Callable[[str, str, bool], None]  # (node, node, up): both ends of the link
+SetRate = Callable[[str, str, float], None]  # (node, node, modelled Gb/s)
 
 
 class EventRunner:
     """Fires the schedule in a thread; stop() lists what happened, one dict per event."""
 
     def __init__(self, events: list[EventSpec], dilation: float, controller_url: str,
-                 set_link: SetLink | None = None):
+                 set_link: SetLink | None = None, set_rate: SetRate | None = None):
         self.events, self.dilation, self.url = events, dilation, controller_url
-        self.set_link = set_link
+        self.set_link, self.set_rate = set_link, set_rate
         self._done: list[dict] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -108,10 +109,13 @@ class EventRunner:
             row = {"index": s.index, "at_fabric_s": e.at, "kind": e.kind,
                    "fired_s": round(fired - go, 6), "fired_wall": fired, "late_s": round(fired - s.wall_s, 6)}
             if e.kind == "link":
-                row.update(link=e.link, state=e.state)
+                row.update(link=e.link, **({"state": e.state} if e.state else {"gbps": e.gbps}))
                 try:
                     a, b = e.link.split("-")
-                    self.set_link(a, b, e.state == "up")
+                    if e.state:
+                        self.set_link(a, b, e.state == "up")
+                    else:
+                        self.set_rate(a, b, e.gbps)
                     row["ok"] = True
                 except (OSError, RuntimeError, TypeError) as err:
                     row.update(ok=False, error=str(err))

@@ -209,6 +209,15 @@ class Fabric:
             for name in ends:
                 ipr.link("set", index=ipr.link_lookup(ifname=name)[0], state="up" if up else "down")
 
+    def set_link_rate(self, a: str, b: str, gbps: float) -> None:
+        """Change the modelled rate of the link between switches a and b, both ends, in place."""
+        ends = [p.intf for p in self.plan.ports(a) if p.peer == b] + \
+               [p.intf for p in self.plan.ports(b) if p.peer == a]
+        if not ends:
+            raise RuntimeError(f"no link between {a} and {b} in plan {self.plan.name}")
+        for name in ends:
+            queues.set_link_rate(name, gbps * 1e9 / self.plan.dilation, self.plan.mtu)
+
     def annotate_uplinks(self, agents: dict[str, dict]) -> None:
         """Add the chosen uplink to every sender QP in the agents' stats."""
         for src, stats in agents.items():

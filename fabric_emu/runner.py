@@ -197,7 +197,7 @@ class Runner:
         t = time.monotonic()
         cut_short: BaseException | None = None
         events = EventRunner(self.spec.events, self.plan.dilation, self.routed.ctrl.rest_url,
-                             self.routed.fabric.set_link)
+                             self.routed.fabric.set_link, self.routed.fabric.set_link_rate)
         with CpuMonitor(processes=self._watched()) as cpu, counters.QueueSampler(
                 self.plan, lossless.backlogs_now, lossless.paused_now) as queues:
             try:  # the NIC engines register with cpu.watch as they start

@@ -188,6 +188,22 @@ def shape_classes(port: PortQueues, *, pool: IPRoutePool | None = None) -> None:
                 ipr.tc("add", "bfifo", index, qdisc_handle(prio), parent=class_id(prio), limit=limit)
 
 
+def set_link_rate(ifname: str, rate_bps: float, mtu: int, netns: str | None = None, *,
+                  pool: IPRoutePool | None = None) -> None:
+    """Change a link end's rate in place (a link renegotiated to another speed): the root class
+    and each class's share, as shape_classes set them; queued packets stay. The PFC gate's open
+    rate stays above any link rate it will see, so it needs no change."""
+    link = max(shaping.MIN_RATE_BYTES_PER_S, round(rate_bps / 8))
+    frame = mtu + shaping.ETH_HEADER
+    with borrowed(pool) as p:
+        ipr = p.get(netns)
+        index = link_index(ipr, ifname)
+        ipr.tc("change-class", "htb", index, ROOT_CLASS, parent=HTB_MAJOR, **shaping.class_params(rate_bps, mtu))
+        for prio, rate in _shares(link).items():
+            ipr.tc("change-class", "htb", index, class_id(prio), parent=ROOT_CLASS,
+                   **_leaf_params(rate, link, frame, 0 if prio == CNP else 1))
+
+
 def set_gate(ifname: str, rate_bps: float, mtu: int, limit: int, is_open: bool,
              netns: str | None = None, *, pool: IPRoutePool | None = None) -> None:
     """Open or close the lossless class's PFC gate in place (queued packets stay)."""

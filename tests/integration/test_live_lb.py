@@ -128,3 +128,26 @@ def test_the_ring_completes_when_an_uplink_fails_in_the_middle(tmp_path_factory,
     t = s["transport"]
     assert t["delivered_fraction"] == 1.0
     assert s["fidelity"]["trusted"], s["fidelity"]
+
+
+def test_a_link_slowed_down_mid_run_carries_the_flow_at_its_new_rate(tmp_path):
+    spec = tmp_path / "rate.yaml"
+    spec.write_text("""\
+name: rate-change
+topology: {name: ls-1x2x1, kind: leaf-spine, spines: 1, leaves: 2, hosts_per_leaf: 1, dilation: 2000}
+events:
+  - {at: 100us, link: leaf1-spine1, gbps: 25}
+workload:
+  type: flows
+  flows:
+    - {src: h1, dst: h2, size: 8MB, start: 0us}
+seed: 1
+""")
+    r = fabric_emu("run", str(spec), "--out", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = read_json(only_run_dir(tmp_path / "out", "rate-change") / "summary.json")
+    assert s["status"] == "ok" and s["events"][0]["ok"]
+    # 100 us at 100 Gb/s (1.25 MB), the rest (6.75 MB) at 25 Gb/s: about 2.26 ms
+    want = 100e-6 + (8e6 - 1.25e6) * 8 / 25e9
+    assert 0.85 * want <= s["jct_fabric_s"] <= 1.2 * want, s["jct_fabric_s"]
+    assert s["transport"]["retransmitted_packets"] == 0  # PFC held the excess, nothing was lost

@@ -19,6 +19,9 @@ def test_events_fire_in_time_order_at_go_plus_dilated_time():
 @pytest.mark.parametrize("bad", [{"at": "-1us", "load_balancing": "spray"},
                                  {"at": "1us", "load_balancing": "flowlet"},
                                  {"at": "1us", "link": "leaf1-spine1"},
+                                 {"at": "1us", "link": "leaf1-spine1", "state": "down", "gbps": 25},
+                                 {"at": "1us", "gbps": 25},
+                                 {"at": "1us", "link": "leaf1-spine1", "gbps": 0},
                                  {"at": "1us"},
                                  {"at": "1us", "load_balancing": "spray", "link": "leaf1-spine1"}])
 def test_bad_events_are_rejected(bad):
