@@ -39,6 +39,7 @@ from controller.core import (UPLINK_BUILDERS, Action, DeleteFlows, FabricCore, F
                              Message, Output, PacketOut, ResetSwitch, SetEthSrc, ToController,
                              ToGroup)
 from controller.rest import make_app
+from fabric_emu import units
 from fabric_emu.plan import FabricPlan
 from fabric_emu.ports.dlb import DlbTable
 
@@ -248,8 +249,7 @@ class FabricApp(app_manager.OSKenApp):
     def set_mode(self, mode: str, params: dict) -> dict:
         """Replace the mode's flows on every leaf; return once every leaf has answered a
         barrier after them (applied_s: from the first message to the last answer)."""
-        if params:
-            raise ValueError(f"{mode} takes no parameters during a run (got {', '.join(sorted(params))})")
+        timing = self._dlb_timing(mode, params)  # ValueError: nothing changes
         leaves = [leaf.dpid for leaf in self.core.plan.leaves]
         missing = [hex(d) for d in leaves if d not in self.datapaths]
         if missing:
@@ -262,10 +262,31 @@ class FabricApp(app_manager.OSKenApp):
             self._dlb_enable(False)  # stop marking before the rules that follow marks go
         change = {"time": t0, "mode": mode, **self._apply(per_leaf, t0)}
         if mode == "dlb":
+            for leaf in self.core.plan.leaves:
+                self.dlb.set_timing(self.core.leaf_number(leaf), **timing)
             self._dlb_enable(True)  # mark once every leaf follows the marks
+        if params:
+            change["params"] = params
         self.changes.append(change)
         LOG.info("load balancing now %s (applied in %.1f ms)", mode, change["applied_s"] * 1e3)
         return change
+
+    def _dlb_timing(self, mode: str, params: dict) -> dict:
+        """Live parameters: dlb takes inactivity and quality_window (modelled times, like the
+        spec's); the wall-clock ns the stage uses."""
+        allowed = ("inactivity", "quality_window") if mode == "dlb" else ()
+        unknown = sorted(set(params) - set(allowed))
+        if unknown:
+            takes = ", ".join(allowed) or "no parameters"
+            raise ValueError(f"{mode} takes {takes} during a run (got {', '.join(unknown)})")
+        out = {}
+        for key, field in (("inactivity", "inactivity_ns"), ("quality_window", "window_ns")):
+            if key in params:
+                seconds = units.parse_time_s(str(params[key]))  # ValueError names the problem
+                if not 0 < seconds <= 1:
+                    raise ValueError(f"{key}: {params[key]} is outside (0, 1 s]")
+                out[field] = round(seconds * self.core.plan.dilation * 1e9)
+        return out
 
     def _apply(self, per_switch: dict[int, list[Message]], t0: float) -> dict:
         """Send each switch its messages and a barrier; wait for the answers. How long it took

@@ -296,7 +296,9 @@ def compare(paths: Annotated[list[Path], typer.Argument(
 
 
 @app.command()
-def lb(mode: Annotated[Optional[str], typer.Argument(help="ecmp or spray; leave out to show the state")] = None,
+def lb(mode: Annotated[Optional[str], typer.Argument(help="ecmp, spray or dlb; leave out to show the state")] = None,
+       set_: Annotated[Optional[list[str]], typer.Option(
+           "--set", help="a parameter of the mode, key=value (dlb: inactivity=30us, quality_window=20us)")] = None,
        run_id: Annotated[Optional[str], typer.Option("--run", help="the run's id, when several are running")] = None
        ) -> None:
     """Show or change the load-balancing mode of the running fabric, live (its controller)."""
@@ -314,11 +316,18 @@ def lb(mode: Annotated[Optional[str], typer.Argument(help="ecmp or spray; leave 
                   markup=False, highlight=False)
         raise typer.Exit(EXIT_INPUT)
     url = live[0].controller_url
+    params = {}
+    for item in set_ or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            err.print(f"error: lb: --set {item}: expected key=value", markup=False, highlight=False)
+            raise typer.Exit(EXIT_INPUT)
+        params[key] = value
     try:
         if mode is None:
             print_lb_state(out, live[0].run_id, rest_call(url))
             return
-        change = rest_call(url, {"mode": mode})
+        change = rest_call(url, {"mode": mode, "params": params})
     except RestError as e:
         err.print(f"error: lb: {e}", markup=False, highlight=False)
         raise typer.Exit(EXIT_INPUT if str(e)[:3] in ("400", "409") else EXIT_RUNTIME)

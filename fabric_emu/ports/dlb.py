@@ -70,6 +70,13 @@ class DlbTable:
         for dest in range(MAX_LEAVES):
             self.words[self._at(leaf, "allowed", dest)] = allowed.get(dest, 0)
 
+    def set_timing(self, leaf: int, *, inactivity_ns: int | None = None, window_ns: int | None = None) -> None:
+        """Change the flowlet gap or the quality window (live: the next packet uses them)."""
+        if inactivity_ns is not None:
+            self.words[self._at(leaf, "inactivity_ns")] = inactivity_ns
+        if window_ns is not None:
+            self.words[self._at(leaf, "window_ns")] = window_ns
+
     def enable(self, leaf: int, on: bool) -> None:
         self.words[self._at(leaf, "enabled")] = int(on)
 

@@ -96,3 +96,15 @@ def test_masks_other_traffic_and_disabled_stage_leave_packets_alone(stage):
     table.set_allowed(LEAF, {OTHER: 0b1111})
     table.enable(LEAF, False)
     assert uplink(send(fd, 0xC013)) is None and send(fd, 0xC013).ttl == 64
+
+
+def test_the_gap_can_be_changed_live(stage):
+    table, fd = stage
+    send(fd, 0xC001)
+    time.sleep(0.003)
+    send(fd, 0xC001)  # 3 ms < 20 ms: the same flowlet
+    assert sum(table.counters(LEAF, 4)["flowlets"]) == 1
+    table.set_timing(LEAF, inactivity_ns=1_000_000)  # 1 ms now
+    time.sleep(0.003)
+    send(fd, 0xC001)  # 3 ms > 1 ms: a new flowlet
+    assert sum(table.counters(LEAF, 4)["flowlets"]) == 2

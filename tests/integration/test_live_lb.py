@@ -94,6 +94,15 @@ def test_fabric_emu_lb_switches_a_running_fabric(tmp_path):
         assert "spray" in switch.stdout and "applied" in switch.stdout
         bad = fabric_emu("lb", "flowlet")
         assert bad.returncode == 2 and "flowlet" in bad.stderr, bad.stderr
+        bad = fabric_emu("lb", "spray", "--set", "inactivity=30us")  # spray takes no parameters
+        assert bad.returncode == 2 and "takes no parameters" in bad.stderr, bad.stderr
+        dlb = fabric_emu("lb", "dlb", "--set", "inactivity=30us", "--set", "quality_window=10us")
+        assert dlb.returncode == 0 and "dlb" in dlb.stdout, dlb.stdout + dlb.stderr
+        state = rest_call(rec.controller_url)
+        assert state["mode"] == "dlb" and state["changes"][-1]["params"] == {
+            "inactivity": "30us", "quality_window": "10us"}
+        back = fabric_emu("lb", "spray")
+        assert back.returncode == 0, back.stdout + back.stderr
         out, _ = run.communicate(timeout=300)
     finally:
         if run.poll() is None:
@@ -102,7 +111,7 @@ def test_fabric_emu_lb_switches_a_running_fabric(tmp_path):
     assert run.returncode == 0, out
     run_dir = only_run_dir(tmp_path / "out", "live-switch")
     s = read_json(run_dir / "summary.json")
-    assert [c["mode"] for c in s["load_balancing_changes"]] == ["spray"]
+    assert [c["mode"] for c in s["load_balancing_changes"]] == ["spray", "dlb", "spray"]
     up = uplink_bytes(run_dir)
     assert all(b > 0.05 * sum(up.values()) for b in up.values()), up  # every uplink carried some
 
