@@ -70,7 +70,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         old = Path(tmp) / "old"
         old.mkdir()
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", args.rev, "fabric_emu", "experiments",
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", args.rev, "fabric_emu", "controller", "experiments",
                                   "topologies"], capture_output=True, check=True).stdout
         with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
             tar.extractall(old)

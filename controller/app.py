@@ -35,7 +35,7 @@ from os_ken.lib import hub
 from os_ken.ofproto import ofproto_v1_5 as ofp
 from os_ken.ofproto import ofproto_v1_5_parser as parser
 
-from controller.core import (UPLINK_BUILDERS, Action, DeleteFlows, FabricCore, Flow, Group, LbOptions,
+from controller.core import (UPLINK_BUILDERS, Action, Conflict, DeleteFlows, FabricCore, Flow, Group, LbOptions,
                              Message, Output, PacketOut, ResetSwitch, SetEthSrc, ToController,
                              ToGroup)
 from controller.rest import make_app

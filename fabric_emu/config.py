@@ -480,6 +480,16 @@ class ExperimentSpec(Strict):
         return self
 
     @model_validator(mode="after")
+    def _dlb_fits(self):
+        """The flowlet stage tracks up to 16 uplinks per leaf (bpf/port.c DLB_MAX_UPLINKS)."""
+        uses_dlb = self.load_balancing == "dlb" or any(e.load_balancing == "dlb" for e in self.events)
+        if uses_dlb and self.topology.spines > 16:
+            raise _problem_at("ExperimentSpec", ("load_balancing",),
+                              f"dlb handles up to 16 uplinks per leaf; this fabric has "
+                              f"{self.topology.spines} spines (use ecmp or spray)", self.load_balancing)
+        return self
+
+    @model_validator(mode="after")
     def _chunks_not_empty(self):
         w = self.workload
         if w.type != "allreduce":

@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import hashlib
 import os
 import socket
 import struct
-import subprocess
 from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
 
 from fabric_emu import roce
+from fabric_emu.compiled import build_cached
 
 SOURCE = Path(__file__).with_name("fastpath.c")
 CACHE = Path("/var/lib/fabric-emu/nic")
@@ -62,19 +61,8 @@ class SockaddrIn(ctypes.Structure):
 
 def build_library() -> Path:
     """The shared library for this version of fastpath.c (compiled on first use)."""
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
-    lib = CACHE / f"fastpath-{digest}.so"
-    if lib.exists():
-        return lib
-    CACHE.mkdir(parents=True, exist_ok=True)
-    tmp = lib.with_suffix(f".{os.getpid()}.tmp")
-    try:
-        subprocess.run(["clang", "-O2", "-Wall", "-Werror", "-shared", "-fPIC", str(SOURCE),
-                        "-o", str(tmp)], check=True, capture_output=True, text=True)
-    except subprocess.CalledProcessError as e:
-        raise RuntimeError(f"compiling {SOURCE.name} failed: {e.stderr.strip()}") from None
-    os.replace(tmp, lib)
-    return lib
+    return build_cached(SOURCE, CACHE, "fastpath", ".so", lambda out: [
+        "clang", "-O2", "-Wall", "-Werror", "-shared", "-fPIC", str(SOURCE), "-o", str(out)])
 
 
 @lru_cache(maxsize=1)

@@ -8,13 +8,13 @@ folder, so cleanup removes it), and attached with pyroute2 (clsact + direct-acti
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import struct
 from collections.abc import Iterable
 from pathlib import Path
 
+from fabric_emu.compiled import build_cached
 from fabric_emu.ports import bpfsys
 from fabric_emu.ports.layout import NPRIO, PER_PRIO_COUNTERS, PORT_COUNTERS, PortTable
 from fabric_emu.ports.model import PortEnd
@@ -32,18 +32,10 @@ PROGRAMS = ("switch_egress", "switch_ingress", "host_egress", "host_ingress", "q
 
 def build_object() -> Path:
     """The compiled object for this version of port.c (compiled on first use)."""
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
-    obj = CACHE / f"port-{digest}.o"
-    if obj.exists():
-        return obj
-    CACHE.mkdir(parents=True, exist_ok=True)
-    tmp = obj.with_suffix(f".{os.getpid()}.tmp")
     arch_include = f"/usr/include/{os.uname().machine}-linux-gnu"
-    subprocess.run(["clang", "-O2", "-g", "-Wall", "-target", "bpf", "-mcpu=v3",
-                    f"-I{arch_include}", "-c", str(SOURCE), "-o", str(tmp)],
-                   check=True, capture_output=True, text=True)
-    os.replace(tmp, obj)
-    return obj
+    return build_cached(SOURCE, CACHE, "port", ".o", lambda out: [
+        "clang", "-O2", "-g", "-Wall", "-target", "bpf", "-mcpu=v3", f"-I{arch_include}",
+        "-c", str(SOURCE), "-o", str(out)])
 
 
 def ensure_bpffs() -> None:

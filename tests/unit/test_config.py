@@ -44,6 +44,8 @@ def test_set_overrides_take_dotted_paths(spec_dir: Path):
     ("name: e\ntopology: nope.yaml\nworkload: {type: allreduce, size: 1MB}\n", "exp.yaml", "topology"),
     ("name: e\ntopology: topo.yaml\nload_balancing: flowlet\nworkload: {type: allreduce, size: 1MB}\n",
      "exp.yaml", "load_balancing"),
+    ("name: e\ntopology: {name: t, kind: leaf-spine, spines: 17, leaves: 2, hosts_per_leaf: 1}\n"
+     "load_balancing: dlb\nworkload: {type: allreduce, size: 1MB}\n", "exp.yaml", "load_balancing"),
     ("name: e\ntopology: topo.yaml\nload_balancing: dlb\ndlb: {inactivity: 0us}\n"
      "workload: {type: allreduce, size: 1MB}\n", "exp.yaml", "dlb.inactivity"),
     ("name: e\ntopology: topo.yaml\nload_balancing: spray\nspray: {entropies: 6}\n"
