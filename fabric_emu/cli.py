@@ -14,7 +14,7 @@ from typing import Annotated, Iterator, Optional
 import typer
 from rich.console import Console
 
-from fabric_emu import traffic
+from fabric_emu import jobs, traffic
 from fabric_emu.config import SpecError, load_experiment, load_topology, read_yaml
 from fabric_emu.plan import build_plan, resolve_ranks
 from fabric_emu.sweep import Point, RunResult, check_overrides, check_size, grid, parse_over, parse_seeds
@@ -53,7 +53,14 @@ def load_checked(path: Path, sets: list[str], measure: bool = False):
     plan = build_plan(spec.topology, dilation=1.0 if auto else None)
     w = spec.workload
     names = [h.name for h in plan.hosts]
-    if w.type == "allreduce":
+    program = None
+    if jobs.uses_program(spec):
+        try:
+            program = jobs.build_program(jobs.resolve_jobs(spec, plan))
+        except jobs.JobError as e:
+            raise SpecError([(str(path), e.field, str(e))]) from None
+        ranks = [h for h in names if h in set(program.hosts)]
+    elif w.type == "allreduce":
         try:
             ranks = resolve_ranks(plan, w.ranks)
         except KeyError as e:
@@ -72,7 +79,10 @@ def load_checked(path: Path, sets: list[str], measure: bool = False):
 
         spec, plan = resolve_auto(spec, plan, ranks, measure)
     if spec.timeout is None:
-        line_rate_s = traffic.line_rate_s(w, ranks, names, plan.host_rate_bps(ranks[0]), plan.dilation)
+        if program is not None:
+            line_rate_s = jobs.line_rate_s(program, plan.host_rate_bps(ranks[0]), plan.dilation)
+        else:
+            line_rate_s = traffic.line_rate_s(w, ranks, names, plan.host_rate_bps(ranks[0]), plan.dilation)
         spec = spec.model_copy(update={"timeout": DEFAULT_TIMEOUT_BASE_S + 10 * line_rate_s})
     if spec.capture is not None:
         ports = {p.intf for sw in plan.switches for p in plan.ports(sw.name)}

@@ -106,26 +106,107 @@ class TopologySpec(Strict):
                                description="egress buffer per switch port, bytes")
 
 
-class AllReduceWorkload(Strict):
-    type: Literal["allreduce"]
-    algorithm: Literal["ring"] = "ring"
+HostName = Annotated[str, Field(pattern=NAME_RE)]
+JobName = Annotated[str, Field(pattern=NAME_RE)]
+
+
+def _distinct_hosts(v: list[str], least: int = 2) -> list[str]:
+    if len(v) < least:
+        raise ValueError(f"needs at least {least} hosts ('all' or a list of host names)")
+    twice = sorted({h for h in v if v.count(h) > 1})
+    if twice:
+        raise ValueError(f"lists {', '.join(twice)} more than once (each rank is a distinct host)")
+    return v
+
+
+class _Collective(Strict):
+    """What every collective has: S bytes (nccl-tests' size), ranks, iterations, QPs per peer."""
+
+    name: Optional[JobName] = Field(default=None, description="the job's name in results (workloads lists)")
     size: Bytes = Field(gt=0, le=100 * 10**9)
     iterations: int = Field(default=1, ge=1, le=1000)
-    ranks: Union[Literal["all"], list[Annotated[str, Field(pattern=NAME_RE)]]] = "all"
+    ranks: Union[Literal["all"], list[HostName]] = "all"
     qps_per_peer: int = Field(default=1, ge=1, le=64)
 
     @field_validator("ranks")
     @classmethod
     def _ranks_distinct(cls, v):
-        if isinstance(v, list):
-            if len(v) < 2:
-                raise ValueError("needs at least 2 hosts ('all' or a list of host names)")
-            if len(set(v)) != len(v):
-                raise ValueError("lists a host twice (each rank is a distinct host)")
-        return v
+        return _distinct_hosts(v) if isinstance(v, list) else v
 
 
-HostName = Annotated[str, Field(pattern=NAME_RE)]
+class AllReduceWorkload(_Collective):
+    type: Literal["allreduce"]
+    algorithm: Literal["ring", "halving-doubling"] = "ring"
+
+
+class CollectiveWorkload(_Collective):
+    """reducescatter, allgather (ring), alltoall (every pair at once), sendrecv (to the next rank)."""
+
+    type: Literal["reducescatter", "allgather", "alltoall", "sendrecv"]
+
+    @property
+    def algorithm(self) -> str:
+        return {"alltoall": "pairwise"}.get(self.type, "ring")
+
+
+class _Passes(Strict):
+    """Microbatched forward and backward passes (modelled compute times, run x dilation)."""
+
+    name: Optional[JobName] = Field(default=None, description="the job's name in results (workloads lists)")
+    microbatches: int = Field(default=8, ge=1, le=256)
+    schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    forward: Seconds = Field(gt=0, le=10, description="compute per microbatch per stage, forward")
+    backward: Optional[Seconds] = Field(default=None, gt=0, le=10, description="default: 2 x forward")
+    activation_size: Bytes = Field(ge=0, le=10 * 10**9, description="bytes a stage sends the next, per microbatch")
+    iterations: int = Field(default=1, ge=1, le=100, description="training steps")
+
+    @property
+    def backward_s(self) -> float:
+        return self.backward if self.backward is not None else 2 * self.forward
+
+
+class PipelineWorkload(_Passes):
+    """Pipeline parallelism: stages of hosts in order; host j of a stage talks to host j of the next."""
+
+    type: Literal["pipeline"]
+    stages: list[Union[HostName, list[HostName]]] = Field(min_length=2, max_length=64)
+    gradient_size: Optional[Bytes] = Field(default=None, ge=0, le=10 * 10**9,
+                                           description="bytes sent back per microbatch (default: activation_size)")
+
+    @field_validator("stages")
+    @classmethod
+    def _stages_even(cls, v):
+        stages = [[s] if isinstance(s, str) else s for s in v]
+        if any(len(s) != len(stages[0]) for s in stages):
+            raise ValueError("every stage needs the same number of hosts")
+        _distinct_hosts([h for s in stages for h in s])
+        return stages
+
+
+class TrainingWorkload(_Passes):
+    """A 3D-parallel training step: tp x pp x dp ranks placed on the fabric."""
+
+    type: Literal["training"]
+    tp: int = Field(default=1, ge=1, le=64)
+    pp: int = Field(default=1, ge=1, le=64)
+    dp: int = Field(default=1, ge=1, le=256)
+    placement: Union[Literal["topology-aware", "naive"], list[HostName]] = "topology-aware"
+    tp_allreduce_size: Bytes = Field(default=0, ge=0, le=10 * 10**9,
+                                     description="bytes of the TP all-reduce after each pass")
+    dp_allreduce_size: Bytes = Field(default=0, ge=0, le=100 * 10**9,
+                                     description="gradient bytes per rank all-reduced across replicas")
+
+    @model_validator(mode="after")
+    def _placement_fits(self):
+        n = self.tp * self.pp * self.dp
+        if n < 2:
+            raise _problem_at("TrainingWorkload", ("dp",), "tp x pp x dp must be at least 2 ranks", self.dp)
+        if isinstance(self.placement, list):
+            if len(self.placement) != n:
+                raise _problem_at("TrainingWorkload", ("placement",),
+                                  f"lists {len(self.placement)} hosts; tp x pp x dp is {n}", self.placement)
+            _distinct_hosts(self.placement)
+        return self
 
 
 def _problem_at(model: str, loc: tuple, msg: str, value: Any) -> ValidationError:
@@ -227,8 +308,13 @@ class FlowsWorkload(Strict):
         return self
 
 
-WORKLOAD_TYPES = ("allreduce", "incast", "flows")
-Workload = Annotated[Union[AllReduceWorkload, IncastWorkload, FlowsWorkload], Field(discriminator="type")]
+WORKLOAD_TYPES = ("allreduce", "incast", "flows", "reducescatter", "allgather", "alltoall", "sendrecv",
+                  "pipeline", "training")
+Workload = Annotated[Union[AllReduceWorkload, CollectiveWorkload, IncastWorkload, FlowsWorkload,
+                           PipelineWorkload, TrainingWorkload], Field(discriminator="type")]
+# Workloads that run as per-rank programs (fabric_emu.program); only these go in `workloads`.
+JobWorkload = Annotated[Union[AllReduceWorkload, CollectiveWorkload, PipelineWorkload, TrainingWorkload],
+                        Field(discriminator="type")]
 
 SWITCH_PORT_RE = r"^(spine|leaf)[0-9]{1,3}-eth[0-9]{1,3}$"
 
@@ -401,7 +487,11 @@ class ExperimentSpec(Strict):
     name: str = Field(pattern=NAME_RE)
     topology: TopologySpec
     load_balancing: Literal["ecmp", "dlb", "spray"] = "ecmp"
-    workload: Workload
+    workload: Optional[Workload] = None
+    workloads: list[JobWorkload] = Field(default_factory=list, max_length=16,
+                                         description="several jobs at once (instead of workload)")
+    jobs_alone: bool = Field(default=True, description="with several jobs: first run each by itself, "
+                             "so the summary shows how much they slowed each other")
     seed: int = Field(default=1, ge=0, le=2**32 - 1)
     timeout: Optional[Seconds] = Field(
         default=None, gt=0, le=86400,
@@ -489,10 +579,27 @@ class ExperimentSpec(Strict):
                               f"{self.topology.spines} spines (use ecmp or spray)", self.load_balancing)
         return self
 
+    @property
+    def jobs(self) -> list[Workload]:
+        """The experiment's workloads: its one `workload`, or its `workloads`."""
+        return [self.workload] if self.workload is not None else list(self.workloads)
+
+    @model_validator(mode="after")
+    def _one_kind_of_workload(self):
+        if (self.workload is None) == (not self.workloads):
+            raise _problem_at("ExperimentSpec", ("workload",),
+                              "give either workload (one job) or workloads (a list of jobs)", None)
+        names = [w.name or f"job{i + 1}" for i, w in enumerate(self.workloads)]
+        for i, n in enumerate(names):
+            if names.index(n) != i:
+                raise _problem_at("ExperimentSpec", ("workloads", i, "name"),
+                                  f"{n!r} names two jobs (each job needs its own name)", n)
+        return self
+
     @model_validator(mode="after")
     def _chunks_not_empty(self):
         w = self.workload
-        if w.type != "allreduce":
+        if w is None or w.type != "allreduce":
             return self
         n = self.topology.leaves * self.topology.hosts_per_leaf if w.ranks == "all" else len(w.ranks)
         if w.size < n * w.qps_per_peer:

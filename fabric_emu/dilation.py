@@ -95,6 +95,10 @@ def fair_rates(pairs: list[tuple[str, str]], link_bps: dict[str, float]) -> list
 def _pairs(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str]) -> list[tuple[str, str]]:
     from fabric_emu.traffic import workload_flows
 
+    from fabric_emu import jobs
+
+    if jobs.uses_program(spec):  # every channel of every job, as if all were busy at once
+        return jobs.pairs(jobs.build_program(jobs.resolve_jobs(spec, plan)))
     w = spec.workload
     if isinstance(w, AllReduceWorkload):  # a ring: each rank sends to the next
         return [(r, ranks[(i + 1) % len(ranks)]) for i, r in enumerate(ranks)]

@@ -191,6 +191,7 @@ class Runner:
         from fabric_emu.events import EventRunner
         from fabric_emu.workload import run_agents
 
+        alone = self._jobs_alone(record, workdir) if len(self.spec.workloads) > 1 and self.spec.jobs_alone else {}
         lossless = self.routed.ports
         port_before = lossless.counters()
         before = counters.snapshot(self.plan, port_before)
@@ -222,9 +223,31 @@ class Runner:
         self.traffic = {"status": "ok" if ok and not cut_short else "incomplete", "agents": agents,
                         "ports": ports, "queues": queues.rows, "cpu": cpu.summary(),
                         "traffic_start": t, "thresholds": lossless.installed(), "nics": nics,
-                        "events": fired, "lb": lb_state}
+                        "events": fired, "lb": lb_state, "alone": alone}
         if cut_short is not None:
             raise cut_short
+
+    def _jobs_alone(self, record: RunRecord, workdir: Path) -> dict[str, float]:
+        """Each job run by itself on the idle fabric before they run together: job name ->
+        its completion time (modelled seconds), the yardstick of how much sharing slowed it."""
+        from fabric_emu import jobs
+        from fabric_emu.workload import run_agents
+
+        out: dict[str, float] = {}
+        for job in jobs.resolve_jobs(self.spec, self.plan):
+            spec = self.spec.model_copy(update={
+                "workloads": [job.workload.model_copy(update={"name": job.name})], "events": []})
+            ranks = [h.name for h in self.plan.hosts if h.name in set(job.hosts)]
+            sub = workdir / f"alone-{job.name}"
+            sub.mkdir()
+            self.say(f"job {job.name} alone first")
+            stats = run_agents(spec, self.plan, ranks, self.routed.fabric, record, sub, self.say)
+            program = jobs.build_program(jobs.resolve_jobs(spec, self.plan))
+            times = jobs.op_times(program, {h: a.get("ops") or [] for h, a in stats.items()})
+            bounds = jobs.step_bounds(program, times, job.name)
+            if bounds is not None:
+                out[job.name] = (bounds[-1][1] - bounds[0][0]) / self.plan.dilation
+        return out
 
     def _watched(self) -> dict[int, str]:
         """The fabric's own processes whose threads the CPU monitor samples (ovs-vswitchd it

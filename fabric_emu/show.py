@@ -6,7 +6,9 @@ from rich.console import Console
 from rich.table import Table
 
 from fabric_emu.config import AllReduceWorkload, ExperimentSpec, IncastWorkload
+from fabric_emu.jobs import build_program, placement_rows, resolve_jobs, uses_program
 from fabric_emu.plan import FabricPlan
+from fabric_emu.schedules import bubble_fraction
 from fabric_emu.traffic import flows_line_rate_s, workload_flows
 from fabric_emu.units import format_rate, format_size
 
@@ -48,6 +50,9 @@ def print_plan(out: Console, plan: FabricPlan, exp: ExperimentSpec | None, ranks
     if exp is None or ranks is None:
         return
     print_ports(out, plan, exp)
+    if uses_program(exp):
+        print_jobs(out, plan, exp, ranks)
+        return
     w = exp.workload
     if isinstance(w, AllReduceWorkload):
         out.print(f"experiment [bold]{exp.name}[/]: {w.type} {w.algorithm} of {w.size} B x {w.iterations} "
@@ -140,3 +145,33 @@ def print_dilation_auto(out: Console, auto: dict) -> None:
                   markup=False)
     if nic:
         out.print(f"  NIC: {nic['what']}", soft_wrap=True, highlight=False, markup=False)
+
+
+def print_jobs(out: Console, plan: FabricPlan, exp: ExperimentSpec, ranks: list[str]) -> None:
+    """The jobs of a program run: what each does, on which hosts; a grid job's placement as a
+    table of hosts per leaf."""
+    js = resolve_jobs(exp, plan)
+    program = build_program(js)
+    leaf_of = {h.name: h.leaf for h in plan.hosts}
+    out.print(f"experiment [bold]{exp.name}[/]: {len(js)} job(s) over {len(ranks)} hosts, "
+              f"load balancing {exp.load_balancing}, seed {exp.seed}")
+    for j in js:
+        w = j.workload
+        sent = sum(o.nbytes for o in program.ops if o.job == j.name and o.kind == "send")
+        across = sum(o.nbytes for o in program.ops if o.job == j.name and o.kind == "send"
+                     and leaf_of[program.channels[o.channel].src] != leaf_of[program.channels[o.channel].dst])
+        if j.grid is None:
+            what = f"{w.type}/{w.algorithm} of {format_size(w.size)} x {w.iterations} over {len(j.hosts)} ranks"
+        else:
+            dims = (f"tp {w.tp} x pp {w.pp} x dp {w.dp}, placement "
+                    f"{w.placement if isinstance(w.placement, str) else 'explicit'}, "
+                    if w.type == "training" else f"{len(w.stages)} stages, ")
+            what = (f"{w.type}: {dims}{w.microbatches} microbatches ({w.schedule}), "
+                    f"{w.iterations} step(s); ideal bubble {bubble_fraction(len(j.grid[0]), w.microbatches):.3f}")
+        out.print(f"job [bold]{j.name}[/]: {what}; {format_size(sent)} sent, "
+                  f"{format_size(across)} across leaves")
+        if j.grid is not None:
+            t = Table("leaf", "host", "dp", "pp (stage)", "tp", title=f"{j.name}: placement")
+            for r in placement_rows(j, leaf_of):
+                t.add_row(r["leaf"], r["host"], str(r["dp"]), str(r["pp"]), str(r["tp"]))
+            out.print(t)

@@ -13,6 +13,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from fabric_emu import jobs
 from fabric_emu.collectives import allreduce_busbw
 from fabric_emu.config import AllReduceWorkload, ExperimentSpec
 from fabric_emu.counters import totals
@@ -208,14 +209,15 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
                   state: dict) -> dict:
     w = spec.workload
     host_gbps = spec.topology.host_link.gbps
+    program = jobs.uses_program(spec)
     summary: dict = {
         "status": state["status"],
         "experiment": spec.name,
         "load_balancing": spec.load_balancing,
         "congestion_control": spec.congestion_control,
-        "workload": f"{w.type}/{w.algorithm}" if isinstance(w, AllReduceWorkload) else w.type,
+        "workload": " + ".join(_workload_name(j) for j in spec.jobs),
         "ranks": len(ranks),
-        **({"size_bytes": w.size} if w.type != "flows" else {}),
+        **({"size_bytes": w.size} if w is not None and hasattr(w, "size") else {}),
         "dilation": plan.dilation,
         "host_link_gbps": host_gbps,
     }
@@ -223,7 +225,9 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
         summary["error"] = state["error"]
     agents = traffic.get("agents") or {}
     iters = iteration_times(agents) if agents and all(a.get("iterations") for a in agents.values()) else []
-    if not isinstance(w, AllReduceWorkload):
+    if program:
+        summary.update(jobs_section(spec, plan, agents, traffic.get("alone") or {}))
+    elif not isinstance(w, AllReduceWorkload):
         flows = workload_flows(w, [h.name for h in plan.hosts])
         summary["bytes_planned"] = sum(f.total_bytes for f in flows)
         if agents:
@@ -257,6 +261,10 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
     ports = traffic.get("ports")
     if ports:
         summary["switch"] = totals(ports, plan.dilation)
+        # what left the leaves upward: the traffic that crossed the upper tiers (spines)
+        leaves = {sw.name for sw in plan.leaves}
+        summary["switch"]["leaf_uplink_tx_bytes"] = sum(
+            r.tx_bytes for r in ports if r.switch in leaves and r.kind == "fabric")
     if traffic.get("nics"):
         summary["nic"] = traffic["nics"]
     lb = traffic.get("lb") or {}
@@ -307,6 +315,35 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
     if "dilation_auto" in plan.extra:
         summary["dilation_auto"] = plan.extra["dilation_auto"]
     return summary
+
+
+def _workload_name(w) -> str:
+    algo = getattr(w, "algorithm", None)
+    return f"{w.type}/{algo}" if w.type == "allreduce" else w.type
+
+
+def jobs_section(spec: ExperimentSpec, plan: FabricPlan, agents: dict[str, dict], alone: dict) -> dict:
+    """The `jobs` of a program run, each with its results (fabric_emu.jobs); a single job's
+    headline figures (completion, busbw, step time) also at the top level, as for the ring.
+    alone: job name -> its completion time when it ran by itself (several jobs)."""
+    js = jobs.resolve_jobs(spec, plan)
+    program = jobs.build_program(js)
+    times = jobs.op_times(program, {h: a.get("ops") or [] for h, a in agents.items()})
+    leaf_of = {h.name: h.leaf for h in plan.hosts}
+    out = [jobs.job_results(j, program, times, plan.dilation, spec.topology.host_link.gbps, leaf_of)
+           for j in js]
+    for r in out:
+        if r["name"] in alone and "jct_fabric_s" in r:
+            r["jct_alone_fabric_s"] = alone[r["name"]]
+            r["slowdown"] = r["jct_fabric_s"] / alone[r["name"]]
+    section: dict = {"jobs": out}
+    if len(out) == 1:
+        section.update({k: v for k, v in out[0].items() if k in HEADLINE_KEYS})
+    return section
+
+
+HEADLINE_KEYS = ("jct_s", "jct_fabric_s", "algbw_gbps", "busbw_gbps", "busbw_fraction",
+                 "iteration_time_fabric_s", "step_time_fabric_s", "bubble_fraction")
 
 
 def cpu_section(cpu: dict) -> dict:
@@ -361,15 +398,36 @@ def flow_rows(plan: FabricPlan, agents: dict[str, dict]) -> list[dict]:
 MAX_FLOWS_SHOWN = 16  # per-flow rows in the terminal; flows.csv and summary.json have them all
 
 
+def _job_rows(t: Table, j: dict, d: float) -> None:
+    """A job's rows in the summary table (modelled and emulated)."""
+    name = f"{j['name']} ({j['type']})"
+    if j.get("status") != "ok":
+        t.add_row(f"{name}", "did not finish", "")
+        return
+    t.add_row(f"{name}: completion", f"{j['jct_fabric_s'] * 1e6:,.0f} us", f"{j['jct_s']:.3f} s")
+    if "jct_alone_fabric_s" in j:
+        t.add_row(f"{name}: alone / slowdown together",
+                  f"{j['jct_alone_fabric_s'] * 1e6:,.0f} us / {j['slowdown']:.2f}x", "")
+    if "busbw_fraction" in j:
+        t.add_row(f"{name}: busbw", f"{j['busbw_gbps']:.1f} Gb/s ({j['busbw_fraction']:.3f} of link)",
+                  f"{j['busbw_gbps'] / d * 1e3:.1f} Mb/s")
+    if "step_time_fabric_s" in j:
+        t.add_row(f"{name}: step time", f"{j['step_time_fabric_s'] * 1e6:,.0f} us",
+                  f"{j['step_time_fabric_s'] * d:.3f} s")
+        split = ", ".join(f"{k} {v * 1e6:,.0f}" for k, v in j["split_fabric_s"].items())
+        t.add_row(f"{name}: split (us)", split, "")
+        t.add_row(f"{name}: bubble (ideal)", f"{j['bubble_fraction']:.3f} ({j['bubble_fraction_ideal']:.3f})", "")
+
+
 def print_summary(out: Console, s: dict, run_dir: Path) -> None:
-    who = "ranks" if s["workload"].startswith("allreduce") else "hosts"
+    who = "hosts" if s["workload"] in ("incast", "flows") else "ranks"
     t = Table(title=f"{s['experiment']}: {s['workload']}, {s['ranks']} {who}, {s['load_balancing']}",
               show_header=True)
     t.add_column("metric")
     t.add_column("fabric (modelled)", justify="right")
     t.add_column("emulated", justify="right")
     t.add_row("status", s["status"], "")
-    if "jct_s" in s and "iteration_time_s" not in s:  # incast, flows
+    if "jct_s" in s and s["workload"] in ("incast", "flows"):
         d = s["dilation"]
         t.add_row("completion time", f"{s['jct_fabric_s'] * 1e6:,.0f} us", f"{s['jct_s']:.3f} s")
         t.add_row("aggregate goodput", f"{s['aggregate_goodput_gbps']:.1f} Gb/s",
@@ -380,13 +438,15 @@ def print_summary(out: Console, s: dict, run_dir: Path) -> None:
                   f"{s['goodput_min_gbps']:.1f} / {s['goodput_max_gbps']:.1f} Gb/s",
                   f"{s['goodput_min_gbps'] / d * 1e3:.1f} / {s['goodput_max_gbps'] / d * 1e3:.1f} Mb/s")
         t.add_row("Jain fairness (senders)", f"{s['jain_fairness']:.3f}", "")
-    elif "jct_s" in s:
+    elif "iteration_time_s" in s:  # the ring all-reduce
         t.add_row("completion time", f"{s['jct_fabric_s'] * 1e6:,.0f} us", f"{s['jct_s']:.3f} s")
         t.add_row("per iteration", f"{s['iteration_time_fabric_s'] * 1e6:,.0f} us",
                   f"{s['iteration_time_s']:.3f} s")
         t.add_row("algbw", f"{s['algbw_gbps']:.1f} Gb/s", f"{s['algbw_emulated_gbps'] * 1e3:.1f} Mb/s")
         t.add_row("busbw", f"{s['busbw_gbps']:.1f} Gb/s", f"{s['busbw_emulated_gbps'] * 1e3:.1f} Mb/s")
         t.add_row("busbw / host link", f"{s['busbw_fraction']:.3f}", "")
+    for j in s.get("jobs", []):
+        _job_rows(t, j, s["dilation"])
     if "ecmp" in s:
         e = s["ecmp"]
         t.add_row("ECMP: most QPs on one uplink",

@@ -17,9 +17,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from fabric_emu import spray, traffic
+from fabric_emu import jobs, spray, traffic
 from fabric_emu.agent.config import (AgentConfig, DcqcnConfig, EngineConfig, FlowConfig, FlowsConfig,
-                                     RankInfo, RingConfig, TransportConfig)
+                                     ProgramChannel, ProgramConfig, ProgramOp, RankInfo, RingConfig,
+                                     TransportConfig)
 from fabric_emu.config import AllReduceWorkload, ExperimentSpec
 from fabric_emu.plan import FabricPlan
 from fabric_emu.records import RunRecord
@@ -28,6 +29,20 @@ START_DELAY_S = 0.5  # between GO and the common start time, so every engine is 
 READY_TIMEOUT_S = 30.0
 TICK_PACKETS = 8  # packets a QP may send at line rate between two engine wake-ups
 MIN_TICK_S, MAX_TICK_S = 2e-3, 20e-3
+
+
+def program_configs(spec: ExperimentSpec, plan: FabricPlan) -> dict[str, ProgramConfig]:
+    """Each host's part of the run's Program (fabric_emu.jobs), compute times made emulated."""
+    program = jobs.build_program(jobs.resolve_jobs(spec, plan))
+    channels = tuple(ProgramChannel(src=c.src, dst=c.dst, qps=c.qps) for c in program.channels)
+    out = {}
+    for h in program.hosts:
+        ops = program.host_ops(h)
+        local = {o.id: i for i, o in enumerate(ops)}
+        out[h] = ProgramConfig(type="program", channels=channels, ops=tuple(
+            ProgramOp(kind=o.kind, channel=o.channel, nbytes=o.nbytes, seconds=o.seconds * plan.dilation,
+                      deps=tuple(local[d] for d in o.deps)) for o in ops))
+    return out
 
 
 def agent_workload(spec: ExperimentSpec, plan: FabricPlan) -> RingConfig | FlowsConfig:
@@ -44,14 +59,19 @@ def agent_workload(spec: ExperimentSpec, plan: FabricPlan) -> RingConfig | Flows
 def agent_configs(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], workdir: Path,
                   netns_of: Callable[[str], str | None] = lambda _h: None) -> list[AgentConfig]:
     infos = tuple(RankInfo(name=h, ip=plan.host_by_name[h].ip, index=i) for i, h in enumerate(ranks))
-    workload = agent_workload(spec, plan)
+    if jobs.uses_program(spec):
+        programs = program_configs(spec, plan)
+        workload_of = programs.__getitem__
+    else:
+        workload = agent_workload(spec, plan)
+        workload_of = lambda _h: workload  # noqa: E731
     t = spec.transport
     transport = TransportConfig(ack_every=t.ack_every, rto_s=t.retransmit_timeout * plan.dilation,
                                 retry_limit=t.retry_limit)
     return [
         AgentConfig(
             host=h, ip=plan.host_by_name[h].ip, rate_bps=plan.host_rate_bps(h), roce_mtu=plan.roce_mtu,
-            ranks=infos, rank=i, workload=workload,
+            ranks=infos, rank=i, workload=workload_of(h),
             seed=spec.seed, stats_path=str(workdir / f"agent-{h}.json"), timeout_s=spec.timeout,
             dcqcn=dcqcn_config(spec, plan, h), transport=transport, netns=netns_of(h),
             ifname=plan.host_by_name[h].intf, link_mtu=plan.mtu,
@@ -107,13 +127,14 @@ def dcqcn_config(spec: ExperimentSpec, plan: FabricPlan, host: str) -> DcqcnConf
                        line_rate_bps=plan.host_rate_bps(host) * plan.dilation)
 
 
-def unchecked_pairs(workload: RingConfig | FlowsConfig, ranks: list[str]) -> list[tuple[str, str]]:
+def unchecked_pairs(workload: RingConfig | FlowsConfig | ProgramConfig, ranks: list[str]) -> list[tuple[str, str]]:
     """Sender-receiver pairs that the ring of pings before traffic (fabric.check_reachable)
     did not cover, so whose ARP entries may be missing."""
     if isinstance(workload, RingConfig):
         return []
     ring = {(a, ranks[(i + 1) % len(ranks)]) for i, a in enumerate(ranks)}
-    return sorted({(f.src, f.dst) for f in workload.flows} - ring)
+    ends = workload.channels if isinstance(workload, ProgramConfig) else workload.flows
+    return sorted({(f.src, f.dst) for f in ends} - ring)
 
 
 def _read_line(proc: subprocess.Popen, deadline: float) -> str | None:
@@ -188,7 +209,8 @@ def _start_and_wait(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], fa
         p.stdin.flush()
     if on_go is not None:
         on_go(go)
-    say(f"traffic: {spec.workload.type} over {len(ranks)} hosts started")
+    what = " + ".join(w.type for w in spec.jobs)
+    say(f"traffic: {what} over {len(ranks)} hosts started")
 
     deadline = go + spec.timeout + 5.0  # engines enforce the timeout; this is the backstop
     for p in procs.values():

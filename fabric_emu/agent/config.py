@@ -101,6 +101,41 @@ class FlowsConfig(_Frozen):
     flows: tuple[FlowConfig, ...] = Field(min_length=1)
 
 
+class ProgramChannel(_Frozen):
+    src: str
+    dst: str
+    qps: int = Field(default=1, ge=1)
+
+
+class ProgramOp(_Frozen):
+    """One operation of this host (fabric_emu.program): send or recv a message on a channel, or
+    compute for `seconds` (emulated); deps are indices into this host's ops."""
+
+    kind: Literal["send", "recv", "compute"]
+    channel: int = Field(default=-1, ge=-1)
+    nbytes: int = Field(default=0, ge=0)
+    seconds: float = Field(default=0.0, ge=0)
+    deps: tuple[int, ...] = ()
+
+
+class ProgramConfig(_Frozen):
+    """A per-rank program: every channel of the run (each agent rebuilds the same QP table from
+    them) and this host's operations."""
+
+    type: Literal["program"]
+    channels: tuple[ProgramChannel, ...] = Field(min_length=1)
+    ops: tuple[ProgramOp, ...]
+
+    @model_validator(mode="after")
+    def _refs(self) -> "ProgramConfig":
+        for i, o in enumerate(self.ops):
+            if any(not 0 <= d < len(self.ops) or d == i for d in o.deps):
+                raise ValueError(f"ops.{i}.deps: an index out of range (0..{len(self.ops) - 1}, not itself)")
+            if o.kind != "compute" and not 0 <= o.channel < len(self.channels):
+                raise ValueError(f"ops.{i}.channel: {o.channel} is not a channel")
+        return self
+
+
 def _workload_type(v: object) -> str:
     if isinstance(v, dict):
         return v.get("type", "allreduce")
@@ -108,7 +143,8 @@ def _workload_type(v: object) -> str:
 
 
 AgentWorkload = Annotated[Union[Annotated[RingConfig, Tag("allreduce")],
-                                Annotated[FlowsConfig, Tag("flows")]],
+                                Annotated[FlowsConfig, Tag("flows")],
+                                Annotated[ProgramConfig, Tag("program")]],
                           Discriminator(_workload_type)]
 
 
@@ -160,6 +196,12 @@ class AgentConfig(_JsonFile):
         me = self.ranks[self.rank]
         if (me.name, me.ip) != (self.host, self.ip):
             raise ValueError(f"rank: ranks.{self.rank} is {me.name}/{me.ip}, not this host {self.host}/{self.ip}")
+        if isinstance(self.workload, ProgramConfig):
+            names = {r.name for r in self.ranks}
+            for i, c in enumerate(self.workload.channels):
+                for end in ("src", "dst"):
+                    if getattr(c, end) not in names:
+                        raise ValueError(f"workload.channels.{i}.{end}: {getattr(c, end)} is not in ranks")
         if isinstance(self.workload, FlowsConfig):
             names = {r.name for r in self.ranks}
             for i, f in enumerate(self.workload.flows):

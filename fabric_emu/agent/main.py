@@ -21,10 +21,11 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from fabric_emu.agent.config import AgentConfig, ConfigError, EngineConfig, FlowsConfig
+from fabric_emu.agent.config import AgentConfig, ConfigError, EngineConfig, FlowsConfig, ProgramConfig
 from fabric_emu.agent.engine import IDLE_POLL_S, Driver, Engine, Host
 from fabric_emu.agent.flows import FlowRunner, own_qps
 from fabric_emu.agent.nic import DcqcnSetup, HostLog, HostNic, NicSetup, open_sockets
+from fabric_emu.agent.program import ProgramRunner
 from fabric_emu.agent.qps import QueuePair, build_qp_table
 from fabric_emu.agent.ring import RingRunner
 from fabric_emu.cc.dcqcn import DcqcnParams
@@ -148,6 +149,11 @@ def _queue_pairs(cfg: AgentConfig) -> tuple[list[QueuePair], list[QueuePair],
     """This host's send and receive QPs (from the table every host rebuilds alike) and its driver."""
     names = tuple(r.name for r in cfg.ranks)
     w = cfg.workload
+    if isinstance(w, ProgramConfig):
+        table = build_qp_table([(c.src, c.dst) for c in w.channels], [c.qps for c in w.channels], cfg.seed)
+        send = [qp for qp in table if qp.src == cfg.host]
+        recv = [qp for qp in table if qp.dst == cfg.host]
+        return send, recv, lambda nic, _go: ProgramRunner(w, cfg.host, nic)
     if isinstance(w, FlowsConfig):
         table = build_qp_table([(f.src, f.dst) for f in w.flows], [f.qps for f in w.flows], cfg.seed)
         send = [qp for qp in table if qp.src == cfg.host]
@@ -201,7 +207,9 @@ def _stats(cfg: AgentConfig, host: Host | None, go: float | None, engine_error: 
     send_qps = [sq.stats() for sq in nic.send_qps] if nic else []
     recv_qps = [rq.stats() for rq in nic.recv_qps] if nic else []
     w = cfg.workload
-    if isinstance(w, FlowsConfig):
+    if isinstance(w, ProgramConfig):
+        log = {"ops": runner.op_log() if runner else []}
+    elif isinstance(w, FlowsConfig):
         log = {"flows": runner.flow_log if runner else []}
         send_flow, recv_flow = own_qps(w.flows, cfg.host)
         for qps, flow_of in ((send_qps, send_flow), (recv_qps, recv_flow)):
