@@ -74,6 +74,11 @@ def load_checked(path: Path, sets: list[str], measure: bool = False):
         if not flows:  # an incast from 'all' in a fabric of one host
             raise SpecError([(str(path), "workload.senders", f"'all' is nobody: {w.receiver} is the only host")])
         ranks = traffic.agent_hosts(flows, names)
+    for i, b in enumerate(spec.background):
+        for end in ("src", "dst"):
+            if getattr(b, end) not in plan.host_by_name:
+                raise SpecError([(str(path), f"background.{i}.{end}",
+                                  f"unknown host {getattr(b, end)!r} (hosts are {names[0]}..{names[-1]})")])
     if auto:
         from fabric_emu.capacity import resolve_auto
 

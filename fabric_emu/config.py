@@ -483,6 +483,27 @@ class EventSpec(Strict):
         return "load_balancing" if self.load_balancing is not None else "link"
 
 
+class BackgroundSpec(Strict):
+    """Lossy background traffic (iperf3, default class) from src to dst during the jobs."""
+
+    src: HostName
+    dst: HostName
+    protocol: Literal["tcp", "udp"] = "tcp"
+    gbps: Optional[float] = Field(default=None, gt=0, le=1600,
+                                  description="modelled rate (udp: required; tcp: a cap, default none)")
+    start: Seconds = Field(default=0.0, ge=0, le=60, description="modelled time after the jobs start")
+    duration: Optional[Seconds] = Field(default=None, gt=0, le=60,
+                                        description="modelled time (default: until the jobs end)")
+
+    @model_validator(mode="after")
+    def _sane(self):
+        if self.src == self.dst:
+            raise _problem_at("BackgroundSpec", ("dst",), f"is the same host as src ({self.src})", self.dst)
+        if self.protocol == "udp" and self.gbps is None:
+            raise _problem_at("BackgroundSpec", ("gbps",), "udp needs a rate (modelled Gb/s)", None)
+        return self
+
+
 class ExperimentSpec(Strict):
     name: str = Field(pattern=NAME_RE)
     topology: TopologySpec
@@ -490,6 +511,7 @@ class ExperimentSpec(Strict):
     workload: Optional[Workload] = None
     workloads: list[JobWorkload] = Field(default_factory=list, max_length=16,
                                          description="several jobs at once (instead of workload)")
+    background: list[BackgroundSpec] = Field(default_factory=list, max_length=32)
     jobs_alone: bool = Field(default=True, description="with several jobs: first run each by itself, "
                              "so the summary shows how much they slowed each other")
     seed: int = Field(default=1, ge=0, le=2**32 - 1)

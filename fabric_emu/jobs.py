@@ -74,7 +74,7 @@ def resolve_jobs(spec: ExperimentSpec, plan: FabricPlan) -> list[Job]:
 
 def _known(plan: FabricPlan, field: str, hosts: list[str]) -> None:
     names = [h.name for h in plan.hosts]
-    for i, h in enumerate(hosts):
+    for h in hosts:
         if h not in plan.host_by_name:
             raise JobError(field, f"unknown host {h!r} (hosts are {names[0]}..{names[-1]})")
 

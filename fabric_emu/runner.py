@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from fabric_emu import counters, results
+from fabric_emu.background import Background
 from fabric_emu.capture import Captures
 from fabric_emu.cleanup import clean_record, clean_stale
 from fabric_emu.config import ExperimentSpec, resolved_dict
@@ -199,16 +200,23 @@ class Runner:
         cut_short: BaseException | None = None
         events = EventRunner(self.spec.events, self.plan.dilation, self.routed.ctrl.rest_url,
                              self.routed.fabric.set_link, self.routed.fabric.set_link_rate)
+        background = Background(self.spec.background, self.routed.fabric, self.plan, record)
+        background.prepare()
+
+        def on_go(go: float) -> None:
+            events.start(go)
+            background.start(go)
         with CpuMonitor(processes=self._watched()) as cpu, counters.QueueSampler(
                 self.plan, lossless.backlogs_now, lossless.paused_now) as queues:
             try:  # the NIC engines register with cpu.watch as they start
                 agents = run_agents(self.spec, self.plan, self.ranks, self.routed.fabric, record,
                                     workdir, self.say, watch=cpu.watch, info=self.nic_info,
-                                    on_go=events.start)
+                                    on_go=on_go)
             except Interrupted as e:
                 agents, cut_short = getattr(e, "agent_stats", {}), e
             finally:
                 fired = events.stop()
+                flows_behind = background.stop()
                 lb_state = events.final_state()
         self.times["traffic"] = time.monotonic() - t
         port_after = lossless.counters()
@@ -223,7 +231,7 @@ class Runner:
         self.traffic = {"status": "ok" if ok and not cut_short else "incomplete", "agents": agents,
                         "ports": ports, "queues": queues.rows, "cpu": cpu.summary(),
                         "traffic_start": t, "thresholds": lossless.installed(), "nics": nics,
-                        "events": fired, "lb": lb_state, "alone": alone}
+                        "events": fired, "lb": lb_state, "alone": alone, "background": flows_behind}
         if cut_short is not None:
             raise cut_short
 

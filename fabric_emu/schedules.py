@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from fabric_emu.collectives import chunk_sizes, split_even
+from fabric_emu.collectives import chunk_sizes
 from fabric_emu.program import Program
 
 Entry = dict[str, list[int]]  # host -> ops the fragment waits for at that host
@@ -323,7 +323,3 @@ def tp_groups(tp: int, hosts_by_leaf: Sequence[Sequence[str]]) -> list[list[str]
     groups += [spare[i:i + tp] for i in range(0, len(spare) - tp + 1, tp)]
     return groups
 
-
-def parts(nbytes: int, qps: int) -> list[int]:
-    """Bytes per queue pair of one message (the NIC splits a channel's message evenly)."""
-    return split_even(nbytes, qps)

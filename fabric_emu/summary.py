@@ -253,6 +253,8 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
                 for it in iters
             ],
         })
+    if traffic.get("background"):
+        summary["background"] = traffic["background"]
     if agents:
         summary["transport"] = transport_totals(agents)
     ecmp = ecmp_load(plan, agents)
@@ -447,6 +449,9 @@ def print_summary(out: Console, s: dict, run_dir: Path) -> None:
         t.add_row("busbw / host link", f"{s['busbw_fraction']:.3f}", "")
     for j in s.get("jobs", []):
         _job_rows(t, j, s["dilation"])
+    for b in s.get("background", []):
+        got = f"{b['gbps']:.1f} Gb/s" if b.get("gbps") is not None else b.get("error", "no result")
+        t.add_row(f"background {b['protocol']} {b['src']} -> {b['dst']}", got, "")
     if "ecmp" in s:
         e = s["ecmp"]
         t.add_row("ECMP: most QPs on one uplink",
