@@ -19,7 +19,7 @@ from fabric_emu import schedules
 from fabric_emu.config import (AllReduceWorkload, CollectiveWorkload, ExperimentSpec, PipelineWorkload,
                                TrainingWorkload)
 from fabric_emu.plan import FabricPlan, resolve_ranks
-from fabric_emu.program import COMPUTE, COMPUTE_CAT, SYNC_CAT, Program
+from fabric_emu.program import COMPUTE, COMPUTE_CAT, Program
 
 PROGRAM_TYPES = ("reducescatter", "allgather", "alltoall", "sendrecv", "pipeline", "training")
 SPLIT_KEYS = ("compute", "tp", "pp", "dp", "waiting")

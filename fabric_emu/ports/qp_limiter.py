@@ -185,8 +185,9 @@ class QpLimiter:
         _ask_for_details(sock)
 
     def add(self, k: int, rate_bps: float) -> None:
-        """Create queue pair k's class at rate_bps (emulated bit/s); it must not exist yet."""
-        self._send(k, rate_bps, NLM_F_CREATE | NLM_F_EXCL, "not created")
+        """Create queue pair k's class at rate_bps (emulated bit/s), or take over the one an
+        earlier traffic phase on this host left (a job run alone before the jobs together)."""
+        self._send(k, rate_bps, NLM_F_CREATE, "not created")
 
     def set_rate(self, k: int, rate_bps: float) -> None:
         """Change queue pair k's rate in place (its queued packets stay). HTB applies the new
