@@ -17,6 +17,7 @@ from rich.text import Text
 from fabric_emu.live.snapshot import LOSSLESS, Snapshot, busiest_qps, port_rates, qp_gbps, totals
 
 TOP_QPS = 10
+PLAIN_WIDTH = 160
 
 
 def _fmt_bytes(n: float) -> str:
@@ -92,8 +93,9 @@ def run_top(read: Callable[[], Snapshot], out: Console, interval_s: float = 1.0,
         cur = read()
         if as_json:
             out.file.write(json.dumps(json_view(prev, cur)) + "\n")
-        else:
-            out.print(render(prev, cur))
+        else:  # a pipe or a file gets every column, not an 80-column squeeze
+            wide = out if out.is_terminal else Console(file=out.file, width=PLAIN_WIDTH)
+            wide.print(render(prev, cur))
         return
     with Live(render(None, prev), console=out, refresh_per_second=4, screen=False) as live:
         try:

@@ -32,7 +32,7 @@ def snap(taken: float, tx: int, rx: int = 0, marks: int = 0, baseline: bool = Tr
     return Snapshot(run_id="r1", experiment="incast", taken=taken, phase="traffic", dilation=2000.0,
                     go=100.0, load_balancing="ecmp", congestion_control="dcqcn",
                     ports=[port(tx, rx, marks)], qps=qps or [],
-                    fidelity={"cpu_busy": 0.5, "cpu_saturated": False, "saturated": False}, baseline=baseline)
+                    fidelity={"cpu_busy": 0.5, "cpu_saturated": False, "ovs_thread_busy": 0.4, "saturated": False}, baseline=baseline)
 
 
 def qp(host: str, bps: float, qpn: int = 0x11) -> QpSample:
@@ -175,3 +175,13 @@ def test_agent_publisher_writes_rates_once_per_call(tmp_path):
     s = d["hosts"]["h2"]["send"][0]
     assert s["tx_bps"] == pytest.approx(8e6) and s["remote_qpn"] == 6 and s["cnp_received"] == 1
     assert d["hosts"]["h2"]["recv"][0]["ecn_ce"] == 2
+
+
+def test_the_dashboard_asks_only_for_metrics_the_exporter_serves():
+    import re
+    from pathlib import Path
+
+    served = {n for n, _ in _samples(snap(101.0, 5, qps=[qp("h2", 1e6)]))}
+    dash = (Path(__file__).resolve().parents[2] / "docs" / "grafana" / "fabric-emu.json").read_text()
+    asked = set(re.findall(r"fabric_emu_[a-z_]+", dash)) - {"fabric_emu"}
+    assert asked and asked <= served, asked - served
