@@ -313,18 +313,9 @@ def lb(mode: Annotated[Optional[str], typer.Argument(help="ecmp, spray or dlb; l
     """Show or change the load-balancing mode of the running fabric, live (its controller)."""
     from fabric_emu.events import RestError, rest_call
     from fabric_emu.lb_view import print_lb_state
-    from fabric_emu.records import all_records
 
-    live = [r for r in all_records() if r.owner_alive() and r.controller_url
-            and (run_id is None or r.run_id == run_id)]
-    if len(live) != 1:
-        which = f"run {run_id}" if run_id else "fabric"
-        detail = ("start one with `fabric-emu run`" if not live else
-                  "several are: pick one with --run " + " | ".join(r.run_id for r in live))
-        err.print(f"error: lb: no running {which} to talk to ({detail})" if not live else f"error: lb: {detail}",
-                  markup=False, highlight=False)
-        raise typer.Exit(EXIT_INPUT)
-    url = live[0].controller_url
+    record = _live_run("lb", run_id, lambda r: bool(r.controller_url))
+    url = record.controller_url
     params = {}
     for item in set_ or []:
         key, sep, value = item.partition("=")
@@ -334,13 +325,13 @@ def lb(mode: Annotated[Optional[str], typer.Argument(help="ecmp, spray or dlb; l
         params[key] = value
     try:
         if mode is None:
-            print_lb_state(out, live[0].run_id, rest_call(url))
+            print_lb_state(out, record.run_id, rest_call(url))
             return
         change = rest_call(url, {"mode": mode, "params": params})
     except RestError as e:
         err.print(f"error: lb: {e}", markup=False, highlight=False)
         raise typer.Exit(EXIT_INPUT if str(e)[:3] in ("400", "409") else EXIT_RUNTIME)
-    out.print(f"load balancing of {live[0].run_id} is now {change['mode']}: every leaf applied it in "
+    out.print(f"load balancing of {record.run_id} is now {change['mode']}: every leaf applied it in "
               f"{change['applied_s'] * 1e3:.1f} ms" + ("" if change.get("answered") else " (some did not answer)"),
               highlight=False)
 

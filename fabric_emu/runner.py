@@ -87,6 +87,8 @@ class Runner:
             return self._run_locked(debug)
         finally:
             if self.live is not None:
+                if self.live.server is not None and self.metrics_linger_s and self.live.manifest.final is not None:
+                    self.say(f"metrics: serving the final values {self.metrics_linger_s:g} s more")
                 self.live.close(self.metrics_linger_s)
             lock.release()
 

@@ -93,7 +93,7 @@ def _fidelity(snap: Snapshot) -> list[Metric]:
         out.append(GaugeMetricFamily("fabric_emu_ovs_thread_busy_ratio",
                                      "Busy fraction of one core of ovs-vswitchd's busiest thread", value=f["ovs_thread_busy"]))
     out.append(GaugeMetricFamily("fabric_emu_fidelity_saturated",
-                                 "1 when the CPU or OVS's forwarding thread is saturated: results are not to be trusted",
+                                 "1 when every core is busy (the CPU is saturated): results are not to be trusted",
                                  value=float(bool(f.get("saturated")))))
     return out
 

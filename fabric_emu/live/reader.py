@@ -23,7 +23,7 @@ from fabric_emu.fidelity import CPU_SATURATED, _cpu_times
 from fabric_emu.live.manifest import LiveManifest
 from fabric_emu.live.snapshot import PRIORITIES, PortSample, QpSample, Snapshot
 from fabric_emu.ports import queues
-from fabric_emu.thread_cpu import CLK_TCK, THREAD_SATURATED, ovs_vswitchd_pid, read_threads
+from fabric_emu.thread_cpu import CLK_TCK, ovs_vswitchd_pid, read_threads
 
 SOCKET_DROPS_EVERY_S = 5.0
 LB_TIMEOUT_S = 0.5
@@ -198,7 +198,8 @@ class LiveReader:
         return self._lb.get("mode", self.manifest.load_balancing)
 
     def _fidelity(self) -> dict:
-        """Whole-machine CPU busy and OVS's busiest thread since the previous snapshot."""
+        """Whole-machine CPU busy (saturated at fidelity.CPU_SATURATED) and OVS's busiest thread,
+        since the previous snapshot."""
         out: dict = {}
         busy, total = _cpu_times()
         if self._cpu is not None and total > self._cpu[1]:
@@ -213,10 +214,12 @@ class LiveReader:
                 before = self._ovs[2]
                 fracs = [(t - before[tid][1]) / CLK_TCK / (now - self._ovs[1])
                          for tid, (_, t) in threads.items() if tid in before]
-                top = max(fracs, default=0.0)
-                out.update(ovs_thread_busy=round(top, 3), ovs_thread_saturated=top >= THREAD_SATURATED)
+                out["ovs_thread_busy"] = round(max(fracs, default=0.0), 3)
             self._ovs = (pid, now, threads)
-        out["saturated"] = bool(out.get("cpu_saturated") or out.get("ovs_thread_saturated"))
+        # OVS's thread busy is shown, not judged: its CPU time alone does not say it is behind
+        # (fabric_emu.ovs_stats), and reading its batch statistics would clear the ones the
+        # run's own fidelity monitor reads. The run's summary gives the full verdict.
+        out["saturated"] = bool(out.get("cpu_saturated"))
         return out
 
 
