@@ -9,7 +9,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Iterator, Optional
+from typing import Annotated, Callable, Iterator, Optional
 
 import typer
 from rich.console import Console
@@ -138,7 +138,7 @@ def _need_root(command: str) -> None:
 
 
 def _run_checked(experiment: Path, sets: list[str], out_dir: Path, checked: tuple,
-                 command: list[str]) -> int:
+                 command: list[str], metrics_port: int | None = 0, metrics_linger_s: float = 0.0) -> int:
     """Run a validated experiment (load_checked's result) and return the exit code: measure
     this machine first if dilation: auto has no cached capacity, then build, run, tear down
     and write the results folder."""
@@ -153,20 +153,29 @@ def _run_checked(experiment: Path, sets: list[str], out_dir: Path, checked: tupl
             return EXIT_RUNTIME
     from fabric_emu.runner import Runner
 
-    return Runner(spec, plan, ranks, out_dir, command=command, console=out).run(debug=_debug)
+    return Runner(spec, plan, ranks, out_dir, command=command, console=out, metrics_port=metrics_port,
+                  metrics_linger_s=metrics_linger_s).run(debug=_debug)
 
 
 @app.command()
 def run(experiment: Annotated[Path, typer.Argument(help="experiment YAML file")],
         out_dir: Annotated[Path, typer.Option("--out", help="results base folder")] = Path("results"),
-        set_: Annotated[Optional[list[str]], typer.Option("--set", help="override dotted.key=value")] = None) -> None:
+        set_: Annotated[Optional[list[str]], typer.Option("--set", help="override dotted.key=value")] = None,
+        metrics_port: Annotated[int, typer.Option(
+            "--metrics-port", help="Prometheus exporter port on 127.0.0.1 (0: a free one, -1: none)")] = 0,
+        metrics_linger: Annotated[float, typer.Option(
+            "--metrics-linger", help="seconds to keep serving the final metrics after the run")] = 0.0) -> None:
     """Build the fabric, run the workload, collect counters, tear down, write results."""
     try:
         checked = load_checked(experiment, set_ or [])
     except SpecError as e:
         _input_error(e)
+    if not -1 <= metrics_port <= 65535 or metrics_linger < 0:
+        err.print("error: --metrics-port: 0..65535 or -1 (none); --metrics-linger: seconds >= 0", markup=False)
+        raise typer.Exit(EXIT_INPUT)
     _need_root("run")
-    raise typer.Exit(_run_checked(experiment, set_ or [], out_dir, checked, sys.argv))
+    raise typer.Exit(_run_checked(experiment, set_ or [], out_dir, checked, sys.argv,
+                                  None if metrics_port < 0 else metrics_port, metrics_linger))
 
 
 @dataclass
@@ -319,18 +328,9 @@ def lb(mode: Annotated[Optional[str], typer.Argument(help="ecmp, spray or dlb; l
     """Show or change the load-balancing mode of the running fabric, live (its controller)."""
     from fabric_emu.events import RestError, rest_call
     from fabric_emu.lb_view import print_lb_state
-    from fabric_emu.records import all_records
 
-    live = [r for r in all_records() if r.owner_alive() and r.controller_url
-            and (run_id is None or r.run_id == run_id)]
-    if len(live) != 1:
-        which = f"run {run_id}" if run_id else "fabric"
-        detail = ("start one with `fabric-emu run`" if not live else
-                  "several are: pick one with --run " + " | ".join(r.run_id for r in live))
-        err.print(f"error: lb: no running {which} to talk to ({detail})" if not live else f"error: lb: {detail}",
-                  markup=False, highlight=False)
-        raise typer.Exit(EXIT_INPUT)
-    url = live[0].controller_url
+    record = _live_run("lb", run_id, lambda r: bool(r.controller_url))
+    url = record.controller_url
     params = {}
     for item in set_ or []:
         key, sep, value = item.partition("=")
@@ -340,15 +340,54 @@ def lb(mode: Annotated[Optional[str], typer.Argument(help="ecmp, spray or dlb; l
         params[key] = value
     try:
         if mode is None:
-            print_lb_state(out, live[0].run_id, rest_call(url))
+            print_lb_state(out, record.run_id, rest_call(url))
             return
         change = rest_call(url, {"mode": mode, "params": params})
     except RestError as e:
         err.print(f"error: lb: {e}", markup=False, highlight=False)
         raise typer.Exit(EXIT_INPUT if str(e)[:3] in ("400", "409") else EXIT_RUNTIME)
-    out.print(f"load balancing of {live[0].run_id} is now {change['mode']}: every leaf applied it in "
+    out.print(f"load balancing of {record.run_id} is now {change['mode']}: every leaf applied it in "
               f"{change['applied_s'] * 1e3:.1f} ms" + ("" if change.get("answered") else " (some did not answer)"),
               highlight=False)
+
+
+def _live_run(command: str, run_id: str | None, has: Callable[[object], bool]):
+    """The one running fabric whose record has what `command` needs (or --run ID); exit 2 if none."""
+    from fabric_emu.records import all_records
+
+    live = [r for r in all_records() if r.owner_alive() and has(r) and (run_id is None or r.run_id == run_id)]
+    if len(live) == 1:
+        return live[0]
+    which = f"run {run_id}" if run_id else "fabric"
+    msg = (f"no running {which} to talk to (start one with `fabric-emu run`)" if not live else
+           "several are: pick one with --run " + " | ".join(r.run_id for r in live))
+    err.print(f"error: {command}: {msg}", markup=False, highlight=False)
+    raise typer.Exit(EXIT_INPUT)
+
+
+@app.command()
+def top(run_id: Annotated[Optional[str], typer.Option("--run", help="the run's id, when several are running")] = None,
+        once: Annotated[bool, typer.Option("--once", help="print one view and exit")] = False,
+        as_json: Annotated[bool, typer.Option("--json", help="print one view as JSON and exit")] = False,
+        interval: Annotated[float, typer.Option("--interval", help="seconds between refreshes")] = 1.0) -> None:
+    """Watch a running fabric live: port rates, queues, ECN, PFC, busiest QPs, LB, fidelity."""
+    from fabric_emu.live.reader import LiveReader
+    from fabric_emu.live.top import run_top
+
+    _need_root("top")
+    if interval <= 0:
+        err.print("error: top: --interval must be > 0", markup=False)
+        raise typer.Exit(EXIT_INPUT)
+    record = _live_run("top", run_id, lambda r: bool(r.live_path))
+    try:
+        reader = LiveReader(record.live_path)
+    except (OSError, ValueError) as e:
+        err.print(f"error: top: run {record.run_id} has no live view yet ({e})", markup=False)
+        raise typer.Exit(EXIT_RUNTIME)
+    try:
+        run_top(reader.snapshot, out, interval, once, as_json, alive=record.owner_alive)
+    finally:
+        reader.close()
 
 
 @app.command()

@@ -142,26 +142,35 @@ def snapshot(plan: FabricPlan, ports: dict[str, dict[str, int]] | None = None) -
     with IPRoutePool() as pool:
         kernel = {p.intf: queues.class_stats(p.intf, pool=pool) for _, p in ends}
     for sw, p in ends:
-        s = stats[sw].get(p.port, {})
-        bpf = (ports or {}).get(p.intf, {})
-        per_class = {}
-        for prio in CLASSES:
-            per_class.update({
-                f"queue_drops_p{prio}": kernel[p.intf][prio].drops,
-                f"bpf_drops_p{prio}": bpf.get(f"drops_p{prio}", 0),
-                f"ecn_marked_p{prio}": bpf.get(f"marked_p{prio}", 0),
-                f"pause_tx_p{prio}": bpf.get(f"pause_tx_p{prio}", 0),
-                f"pause_rx_p{prio}": bpf.get(f"pause_rx_p{prio}", 0),
-                f"paused_ns_p{prio}": bpf.get(f"paused_ns_p{prio}", 0),
-                f"max_backlog_p{prio}": bpf.get(f"max_queue_p{prio}", 0),
-            })
-        rows.append(PortCounters(
-            switch=sw, port=p.port, intf=p.intf, peer=p.peer, kind=p.kind,
-            **{k: s.get(k, 0) for k in OVS_KEYS}, rx_socket_drops=socket_drops.get(p.intf, 0),
-            lossless_drops=bpf.get("lossless_drops", 0), max_held_p3=bpf.get("max_held_p3", 0),
-            **per_class,
-        ))
+        rows.append(port_counters(sw, p.port, p.intf, p.peer, p.kind, stats[sw].get(p.port, {}),
+                                  socket_drops.get(p.intf, 0),
+                                  {prio: kernel[p.intf][prio].drops for prio in CLASSES},
+                                  (ports or {}).get(p.intf, {})))
     return rows
+
+
+def port_counters(switch: str, port: int, intf: str, peer: str, kind: str, ovs: dict[str, int],
+                  socket_drops: int, queue_drops: dict[int, int], bpf: dict[str, int]) -> PortCounters:
+    """One port's counters from their sources: OpenFlow port stats, ovs-vswitchd's receive
+    socket drops, the kernel class FIFOs' drops (by priority), the BPF map (PortMaps.counters).
+    The run's snapshots and the live reader (fabric_emu.live.reader) both build rows here."""
+    per_class = {}
+    for prio in CLASSES:
+        per_class.update({
+            f"queue_drops_p{prio}": queue_drops.get(prio, 0),
+            f"bpf_drops_p{prio}": bpf.get(f"drops_p{prio}", 0),
+            f"ecn_marked_p{prio}": bpf.get(f"marked_p{prio}", 0),
+            f"pause_tx_p{prio}": bpf.get(f"pause_tx_p{prio}", 0),
+            f"pause_rx_p{prio}": bpf.get(f"pause_rx_p{prio}", 0),
+            f"paused_ns_p{prio}": bpf.get(f"paused_ns_p{prio}", 0),
+            f"max_backlog_p{prio}": bpf.get(f"max_queue_p{prio}", 0),
+        })
+    return PortCounters(
+        switch=switch, port=port, intf=intf, peer=peer, kind=kind,
+        **{k: ovs.get(k, 0) for k in OVS_KEYS}, rx_socket_drops=socket_drops,
+        lossless_drops=bpf.get("lossless_drops", 0), max_held_p3=bpf.get("max_held_p3", 0),
+        **per_class,
+    )
 
 
 def delta(after: list[PortCounters], before: list[PortCounters]) -> list[PortCounters]:

@@ -66,6 +66,8 @@ class RunRecord:
     processes: list[ProcessRef] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)  # temporary files and folders
     controller_url: str = ""  # the running fabric's REST API (`fabric-emu lb` talks to it)
+    live_path: str = ""  # its live manifest (fabric_emu.live.manifest: `fabric-emu top` reads it)
+    metrics_url: str = ""  # its Prometheus exporter, on loopback
 
     @property
     def path(self) -> Path:

@@ -24,6 +24,8 @@ from fabric_emu.capture import Captures
 from fabric_emu.cleanup import clean_record, clean_stale
 from fabric_emu.config import ExperimentSpec, resolved_dict
 from fabric_emu.fidelity import CpuMonitor
+from fabric_emu.live.manifest import LiveManifest
+from fabric_emu.live.publish import RunPublisher, live_ports, manifest_path
 from fabric_emu.plan import FabricPlan
 from fabric_emu.records import RunLock, RunRecord
 from fabric_emu.ports.report import pause_rows
@@ -45,7 +47,8 @@ def _raise_interrupted(signum, frame):  # noqa: ARG001 - signal handler signatur
 
 class Runner:
     def __init__(self, spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], out_base: Path,
-                 command: list[str], console: Console) -> None:
+                 command: list[str], console: Console, metrics_port: int | None = 0,
+                 metrics_linger_s: float = 0.0) -> None:
         self.spec = spec
         self.plan = plan
         self.ranks = ranks
@@ -58,6 +61,9 @@ class Runner:
         self.traffic: dict = {}  # what the traffic phase measured, even if it was cut short
         self.captures: Captures | None = None
         self.nic_info: dict = {}  # the NIC engines: how many, ready after, memory
+        self.metrics_port = metrics_port  # the exporter's port (0: a free one; None: no exporter)
+        self.metrics_linger_s = metrics_linger_s  # serve the final metrics this long after the run
+        self.live: RunPublisher | None = None  # the live manifest and exporter (fabric_emu.live)
 
     def say(self, msg: str) -> None:
         self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {msg}", highlight=False, soft_wrap=True)
@@ -81,6 +87,10 @@ class Runner:
                 return 1
             return self._run_locked(debug)
         finally:
+            if self.live is not None:
+                if self.live.server is not None and self.metrics_linger_s and self.live.manifest.final is not None:
+                    self.say(f"metrics: serving the final values {self.metrics_linger_s:g} s more")
+                self.live.close(self.metrics_linger_s)
             lock.release()
 
     def _run_locked(self, debug: bool) -> int:
@@ -184,9 +194,26 @@ class Runner:
         self.times["bring_up"] = time.monotonic() - t
         self.say(f"fabric up and routed in {self.times['bring_up']:.1f}s")
         self.routed.fabric.check_reachable(self.ranks)
+        self._publish_live(record, workdir)
         if self.spec.capture is not None:
             self.captures = Captures(self.spec.capture, workdir, record)
             self.captures.start()
+
+    def _publish_live(self, record: RunRecord, workdir: Path) -> None:
+        """The live manifest for `fabric-emu top`, and the Prometheus exporter (run record names both)."""
+        self.live = RunPublisher(record, LiveManifest(
+            run_id=record.run_id, experiment=self.spec.name, dilation=self.plan.dilation,
+            load_balancing=self.spec.load_balancing, congestion_control=self.spec.congestion_control,
+            workdir=str(workdir), pins=str(self.routed.ports.pins), controller_url=record.controller_url,
+            ports=live_ports(self.plan, self.routed.port_plan.ends), path=manifest_path(workdir)),
+            self.metrics_port)
+        self.live.start()
+        if self.live.server is not None:
+            self.say(f"metrics: {self.live.server.url}")
+
+    def _on_go(self, events, go: float) -> None:
+        events.start(go)
+        self.live.go(go)
 
     def _traffic(self, record: RunRecord, workdir: Path) -> None:
         from fabric_emu.events import EventRunner
@@ -196,6 +223,7 @@ class Runner:
         lossless = self.routed.ports
         port_before = lossless.counters()
         before = counters.snapshot(self.plan, port_before)
+        self.live.traffic_started(before)
         t = time.monotonic()
         cut_short: BaseException | None = None
         events = EventRunner(self.spec.events, self.plan.dilation, self.routed.ctrl.rest_url,
@@ -204,8 +232,9 @@ class Runner:
         background.prepare()
 
         def on_go(go: float) -> None:
-            events.start(go)
+            self._on_go(events, go)
             background.start(go)
+
         with CpuMonitor(processes=self._watched()) as cpu, counters.QueueSampler(
                 self.plan, lossless.backlogs_now, lossless.paused_now) as queues:
             try:  # the NIC engines register with cpu.watch as they start
@@ -222,6 +251,7 @@ class Runner:
         port_after = lossless.counters()
         ports = counters.delta(counters.snapshot(self.plan, port_after), before)
         nics = counters.nic_totals(self.plan, port_before, port_after)
+        self.live.traffic_ended([p.row(self.plan.dilation) for p in ports])
         for row in ports:
             row.max_backlog_bytes = queues.max_backlog.get(row.intf, 0)
         queues.shift(self._go_monotonic({"agents": agents, "traffic_start": queues.start}))

@@ -24,6 +24,7 @@ apt_packages=(
   iperf3 ethtool tcpdump tshark iputils-ping iproute2 procps
   clang llvm libbpf-dev linux-libc-dev
   python3 python3-venv python3-dev git
+  prometheus  # the metrics integration test runs its own server (the service is not started)
 )
 # bpftool (loads the port programs) is its own package on Debian 12 but part of linux-tools on
 # Ubuntu 24.04, whose bpftool wrapper needs the tools of the running kernel's flavour.
@@ -38,6 +39,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   # tshark asks whether non-root users may capture; answer for it.
   echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
+  # Debian's prometheus package would start a server on every address (:9090); we only want
+  # the binary (tests run their own, on loopback). Masking first keeps it from ever starting.
+  if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+    systemctl mask prometheus.service >/dev/null 2>&1 || true
+  fi
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${apt_packages[@]}" >/dev/null
 fi

@@ -24,6 +24,7 @@ from pathlib import Path
 from fabric_emu.agent.config import AgentConfig, ConfigError, EngineConfig, FlowsConfig, ProgramConfig
 from fabric_emu.agent.engine import IDLE_POLL_S, Driver, Engine, Host
 from fabric_emu.agent.flows import FlowRunner, own_qps
+from fabric_emu.agent.live import LivePublisher, live_path
 from fabric_emu.agent.nic import DcqcnSetup, HostLog, HostNic, NicSetup, open_sockets
 from fabric_emu.agent.program import ProgramRunner
 from fabric_emu.agent.qps import QueuePair, build_qp_table
@@ -69,12 +70,13 @@ def main(argv: list[str]) -> int:
     stop = StopFlag()
     hosts: list[Host] = []
     udp_before: dict[str, dict[str, int]] = {}
-    go = cpu_at_go = engine = None
+    go = cpu_at_go = engine = publisher = None
     error: str | None = None
     try:
         for hc in cfg.hosts:
             udp_before[hc.host] = udp_counters(hc.netns)
             hosts.append(_open_host(hc, cfg.tick_s))
+        publisher = LivePublisher(cfg.engine, hosts, live_path(cfg.hosts[0].stats_path, cfg.engine), now).start()
         print("READY", flush=True)
         timeout = max(hc.timeout_s for hc in cfg.hosts)
         go = _wait_for_go(stop, now() + timeout)
@@ -114,6 +116,8 @@ def main(argv: list[str]) -> int:
         h = by_name.get(hc.host)
         stats = _stats(hc, h, go, error, engine_stats, udp_before.get(hc.host, {}))
         write_atomic(Path(hc.stats_path), json.dumps(stats, indent=1))
+    if publisher is not None:
+        publisher.stop()
     for h in hosts:
         h.nic.close()
     ok = len(hosts) == len(cfg.hosts) and all(h.finished_at for h in hosts)

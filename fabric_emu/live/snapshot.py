@@ -1,0 +1,143 @@
+"""A live snapshot of a running fabric, and what is derived from two of them. Pure: the reader
+(fabric_emu.live.reader) fills it from counters; top, the exporter and tests consume it.
+
+Port counters mean what ports.csv's columns mean (fabric_emu.counters.PortCounters.row): once
+the run has a baseline (the counters when traffic started) they count from it, so the last
+snapshot of a run equals its ports.csv; before that they count from the ports' creation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+PRIORITIES = (0, 3, 6)
+LOSSLESS = 3
+
+
+@dataclass
+class PortSample:
+    """One switch port now: its ports.csv counters, and the state counters do not show."""
+
+    switch: str
+    port: int
+    intf: str
+    peer: str
+    kind: str  # "host" | "fabric"
+    gbps: float  # modelled link rate
+    counters: dict[str, int]  # ports.csv columns: tx_bytes, drops, ecn_marked_p3, pause_tx_p3, ...
+    queue_bytes: dict[int, int] = field(default_factory=dict)  # priority -> tc backlog now
+    paused: dict[int, bool] = field(default_factory=dict)  # priority -> its gate closed by PFC now
+
+    def get(self, key: str) -> int:
+        return int(self.counters.get(key, 0))
+
+
+@dataclass
+class QpSample:
+    """One sending queue pair: its counters and its rate over the engine's last second."""
+
+    host: str
+    qpn: int
+    dst: str
+    udp_src: int
+    frame_bytes: int
+    bytes_sent: int
+    packets: int
+    retransmitted: int
+    cnp_received: int
+    tx_bps: float  # emulated, Ethernet frame bits, over the NIC engine's last interval
+    dcqcn_rate_bps: float | None  # modelled; None: DCQCN is not limiting it
+    ecn_ce: int = 0  # at the receiver: CE-marked packets of this QP
+    cnp_sent: int = 0  # at the receiver: CNPs sent for this QP
+
+
+@dataclass
+class Snapshot:
+    run_id: str
+    experiment: str
+    taken: float  # wall clock (epoch seconds) when read; emulated time runs at wall speed
+    phase: str  # "setup" (fabric up, no traffic yet) | "traffic" | "done" (final counters)
+    dilation: float
+    go: float | None  # when traffic started (epoch), if it did
+    load_balancing: str
+    congestion_control: str
+    ports: list[PortSample]
+    qps: list[QpSample] = field(default_factory=list)
+    fidelity: dict = field(default_factory=dict)  # cpu_busy, cpu_saturated, ovs_thread_busy, ...
+    baseline: bool = False  # counters count from traffic start (True) or from port creation
+    notes: list[str] = field(default_factory=list)  # what could not be read this time
+
+    @property
+    def emulated_s(self) -> float:
+        """Seconds since traffic started (0 before), emulated (wall clock)."""
+        if self.go is None:
+            return 0.0
+        return max(0.0, self.taken - self.go)
+
+    @property
+    def modelled_s(self) -> float:
+        return self.emulated_s / self.dilation
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["emulated_s"], d["modelled_s"] = self.emulated_s, self.modelled_s
+        for p in d["ports"]:  # JSON keys are strings
+            p["queue_bytes"] = {str(k): v for k, v in p["queue_bytes"].items()}
+            p["paused"] = {str(k): v for k, v in p["paused"].items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Snapshot":
+        d = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        ports = [PortSample(**{**p, "queue_bytes": {int(k): v for k, v in p["queue_bytes"].items()},
+                                "paused": {int(k): v for k, v in p["paused"].items()}})
+                 for p in d.pop("ports")]
+        qps = [QpSample(**q) for q in d.pop("qps", [])]
+        return cls(ports=ports, qps=qps, **d)
+
+
+@dataclass(frozen=True)
+class PortRate:
+    """A port's rates between two snapshots, in modelled Gb/s (emulated bits/s x dilation)."""
+
+    tx_gbps: float
+    rx_gbps: float
+    tx_util: float  # fraction of the link's modelled rate
+    ecn_per_s: float  # ECN marks per emulated second, all classes
+
+
+def port_rates(prev: Snapshot, cur: Snapshot) -> dict[str, PortRate]:
+    """Rates from counter deltas, by interface. A counter that went down (the baseline was set
+    in between) or an interval of zero gives no rate for that port."""
+    dt = cur.taken - prev.taken
+    if dt <= 0 or prev.baseline != cur.baseline:
+        return {}
+    before = {p.intf: p for p in prev.ports}
+    out = {}
+    for p in cur.ports:
+        b = before.get(p.intf)
+        if b is None:
+            continue
+        dtx, drx = p.get("tx_bytes") - b.get("tx_bytes"), p.get("rx_bytes") - b.get("rx_bytes")
+        dmark = p.get("ecn_marked") - b.get("ecn_marked")
+        if dtx < 0 or drx < 0:
+            continue
+        tx = dtx * 8 / dt * cur.dilation / 1e9
+        rx = drx * 8 / dt * cur.dilation / 1e9
+        out[p.intf] = PortRate(tx, rx, tx / p.gbps if p.gbps else 0.0, max(0, dmark) / dt)
+    return out
+
+
+def qp_gbps(q: QpSample, dilation: float) -> float:
+    """A QP's send rate in modelled Gb/s."""
+    return q.tx_bps * dilation / 1e9
+
+
+def busiest_qps(snap: Snapshot, n: int) -> list[QpSample]:
+    return sorted(snap.qps, key=lambda q: (-q.tx_bps, q.host, q.qpn))[:n]
+
+
+def totals(snap: Snapshot) -> dict[str, int]:
+    """Fabric-wide sums of a snapshot's port counters (as summary.json's `switch` block)."""
+    keys = ("tx_bytes", "tx_packets", "drops", "ecn_marked", "pause_tx_p3", "pause_rx_p3")
+    return {k: sum(p.get(k) for p in snap.ports) for k in keys}
