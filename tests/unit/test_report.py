@@ -164,6 +164,30 @@ def test_folder_of_runs_gets_an_index(tmp_path: Path):
     assert EVIL_ESCAPED in html and 'alert("x")' not in html
 
 
+def test_sweep_folder_gets_an_index_with_its_plot(tmp_path: Path):
+    from fabric_emu.compare import Comparison, write_sweep
+    from fabric_emu.sweep import RunResult, grid, parse_over
+
+    exp = tmp_path / "tiny"
+    runs = [make_run(exp / f"2026-01-01T00-0{i}-00Z") for i in (1, 2)]
+    points = grid(parse_over(["load_balancing=ecmp,spray"]))
+    done = [RunResult.of_summary(p.index, 1, str(d), SUMMARY) for p, d in zip(points, runs)]
+    sweep = exp / "sweep-2026-01-01T00-00-00Z"
+    sweep.mkdir()
+    write_sweep(sweep, {"name": "tiny", "over": {"load_balancing": ["ecmp", "spray"]}, "seeds": [1],
+                        "command": ["fabric-emu", "sweep", EVIL]},
+                Comparison("tiny: 2 point(s) x 1 seed(s)", ["load_balancing"], points, done))
+    r = fabric_emu(["report", str(sweep)], tmp_path)
+    assert r.returncode == 0, r.stderr
+    html = (sweep / "report.html").read_text()
+    page = Page(html)
+    plot = base64.b64encode((sweep / "comparison.png").read_bytes()).decode()
+    assert page.imgs == [f"data:image/png;base64,{plot}"]
+    assert 'href="../2026-01-01T00-01-00Z"' in html and 'href="../2026-01-01T00-02-00Z"' in html
+    assert "runs.csv" in html and "spray" in page.cells and html.count("NOT trusted") == 2
+    assert EVIL_ESCAPED in html and 'alert("x")' not in html
+
+
 def _bad_cases(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
     (tmp_path / "empty").mkdir()
     (tmp_path / "file.txt").write_text("x")
