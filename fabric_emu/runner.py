@@ -12,18 +12,20 @@ import shutil
 import signal
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from fabric_emu import counters, results
+from fabric_emu import counters, results, traffic
 from fabric_emu.capture import Captures
 from fabric_emu.cleanup import clean_record, clean_stale
 from fabric_emu.config import ExperimentSpec, resolved_dict
 from fabric_emu.fidelity import CpuMonitor
 from fabric_emu.plan import FabricPlan
+from fabric_emu.progress import RunProgress
 from fabric_emu.records import RunLock, RunRecord
 from fabric_emu.ports.report import pause_rows
 from fabric_emu.summary import build_summary, flow_rows, print_summary, rate_rows
@@ -199,12 +201,18 @@ class Runner:
         cut_short: BaseException | None = None
         events = EventRunner(self.spec.events, self.plan.dilation, self.routed.ctrl.rest_url,
                              self.routed.fabric.set_link, self.routed.fabric.set_link_rate)
+        progress = self._progress(lossless.to_hosts)
+
+        def on_go(go: float) -> None:  # scheduled events and the progress bar count from GO
+            events.start(go)
+            progress.start(go)
+
         with CpuMonitor(processes=self._watched()) as cpu, counters.QueueSampler(
-                self.plan, lossless.backlogs_now, lossless.paused_now) as queues:
+                self.plan, lossless.backlogs_now, lossless.paused_now) as queues, progress:
             try:  # the NIC engines register with cpu.watch as they start
                 agents = run_agents(self.spec, self.plan, self.ranks, self.routed.fabric, record,
                                     workdir, self.say, watch=cpu.watch, info=self.nic_info,
-                                    on_go=events.start)
+                                    on_go=on_go)
             except Interrupted as e:
                 agents, cut_short = getattr(e, "agent_stats", {}), e
             finally:
@@ -248,6 +256,22 @@ class Runner:
             if bounds is not None:
                 out[job.name] = (bounds[-1][1] - bounds[0][0]) / self.plan.dilation
         return out
+
+    def _progress(self, to_hosts: Callable[[], tuple[int, int]]) -> RunProgress:
+        """The bar of a long run on a terminal (a no-op otherwise)."""
+        from fabric_emu import jobs
+        from fabric_emu.program import RECV
+
+        rate = self.plan.host_rate_bps(self.ranks[0])
+        if jobs.uses_program(self.spec):
+            program = jobs.build_program(jobs.resolve_jobs(self.spec, self.plan))
+            line_rate_s = jobs.line_rate_s(program, rate, self.plan.dilation)
+            planned = sum(o.nbytes for o in program.ops if o.kind == RECV)
+        else:
+            hosts = [h.name for h in self.plan.hosts]
+            line_rate_s = traffic.line_rate_s(self.spec.workload, self.ranks, hosts, rate, self.plan.dilation)
+            planned = traffic.planned_bytes(self.spec.workload, self.ranks, hosts)
+        return RunProgress(self.console, to_hosts, planned, line_rate_s, self.plan.dilation)
 
     def _watched(self) -> dict[int, str]:
         """The fabric's own processes whose threads the CPU monitor samples (ovs-vswitchd it
