@@ -18,6 +18,7 @@ import csv
 import io
 import json
 import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,12 @@ def fmt(value: Any) -> str:
     if isinstance(value, (dict, list)):
         return json.dumps(value, sort_keys=False)
     return str(value)
+
+
+def key_values(data: dict) -> list[tuple[str, str]]:
+    """A JSON file's figures as (dotted.key, text); a command line reads as one, shell-quoted."""
+    return [(k, shlex.join(map(str, v)) if k.endswith("command") and isinstance(v, list) else fmt(v))
+            for k, v in flatten(data)]
 
 
 def flatten(data: dict, prefix: str = "") -> list[tuple[str, Any]]:
@@ -273,7 +280,7 @@ def render_run(run: RunData) -> str:
         title=safe_title(s, Path(run.path).name), run=run, headline=headline(s, run.spec, run.metadata),
         verdict=verdict(s), rows=safe_summary_rows(s), figures=summary_figures(s),
         fidelity_figures=[(k, fmt(v)) for k, v in flatten(fid) if k not in ("warnings", "notes")],
-        summary_tables=extra, metadata=[(k, fmt(v)) for k, v in flatten(run.metadata or {})],
+        summary_tables=extra, metadata=key_values(run.metadata or {}),
         open_rows=OPEN_ROWS)
 
 
@@ -281,7 +288,7 @@ def render_index(index: IndexData) -> str:
     """The page of a sweep or a folder of runs (pure)."""
     runs = [{"entry": r, "title": safe_title(r.summary, r.label), "verdict": verdict(r.summary),
              "rows": safe_summary_rows(r.summary)} for r in index.runs]
-    manifest = [(k, fmt(v)) for k, v in flatten(index.manifest or {})]
+    manifest = key_values(index.manifest or {})
     return _environment().get_template("index.html.j2").render(
         title=index.title, index=index, manifest=manifest, runs=runs, open_rows=OPEN_ROWS)
 
