@@ -37,6 +37,7 @@ OPEN_ROWS = 25  # tables up to this long are shown open; longer ones start colla
 MAX_ROWS = 1000  # rows embedded per table: queues.csv of a long run has hundreds of thousands
 MAX_DOWNLOAD_BYTES = 2_000_000  # a CSV up to this size is also embedded whole, to download
 TEMPLATES = Path(__file__).resolve().parent / "templates"
+RECORD_LISTS = ("per_iteration", "jobs", "flows")  # summary.json lists of rows, shown as tables
 
 
 # ---------------------------------------------------------------------------- what a page holds
@@ -159,7 +160,7 @@ def _emulated_twin(key: str) -> str | None:
 def summary_figures(summary: dict) -> list[tuple[str, str, str]]:
     """Every figure of summary.json as (key, value, emulated value): a modelled figure with
     an emulated twin in the summary gets it beside it, and the twin's own row goes."""
-    skip = {"per_iteration", "flows", "fidelity"}  # shown as their own tables and box
+    skip = {*RECORD_LISTS, "fidelity"}  # shown as their own tables and box
     flat = flatten({k: v for k, v in summary.items() if k not in skip})
     values = dict(flat)
     twins = {k: t for k, _ in flat if (t := _emulated_twin(k)) in values}
@@ -271,10 +272,8 @@ def _environment() -> Environment:
 def render_run(run: RunData) -> str:
     """The page of one run (pure: everything comes from `run`)."""
     s = run.summary
-    extra = [records_table("summary.json: per_iteration", s["per_iteration"])
-             ] if isinstance(s.get("per_iteration"), list) and s["per_iteration"] else []
-    if isinstance(s.get("flows"), list) and s["flows"]:
-        extra.append(records_table("summary.json: flows", s["flows"]))
+    extra = [records_table(f"summary.json: {key}", s[key]) for key in RECORD_LISTS
+             if isinstance(s.get(key), list) and s[key] and all(isinstance(r, dict) for r in s[key])]
     fid = s.get("fidelity") if isinstance(s.get("fidelity"), dict) else {}
     return _environment().get_template("run.html.j2").render(
         title=safe_title(s, Path(run.path).name), run=run, headline=headline(s, run.spec, run.metadata),
