@@ -107,6 +107,10 @@ class Chromium:
                     break
                 except subprocess.TimeoutExpired:
                     continue
+            try:  # a helper that outlived the browser (zombies are the init process's to reap)
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         if self.profile is not None:
             shutil.rmtree(self.profile, ignore_errors=True)
             self._log_path.unlink(missing_ok=True)
