@@ -1,4 +1,4 @@
-"""The `fabric-emu` command: run, show, sweep, compare, clean."""
+"""The `fabric-emu` command: run, show, sweep, compare, report, lb, clean."""
 
 from __future__ import annotations
 
@@ -317,6 +317,21 @@ def compare(paths: Annotated[list[Path], typer.Argument(
     except SpecError as e:
         _input_error(e)
     print_comparison(out, comp)
+
+
+@app.command()
+def report(results_dir: Annotated[Path, typer.Argument(
+               help="a run's results folder, a sweep folder, or an experiment's folder of runs")],
+           out_path: Annotated[Optional[Path], typer.Option(
+               "--out", help="where to write the page (default: RESULTS_DIR/report.html)")] = None) -> None:
+    """Write one self-contained HTML page of a results folder and print its path (needs no root)."""
+    from fabric_emu.report import write_report
+
+    try:
+        page = write_report(results_dir, out_path)
+    except SpecError as e:
+        _input_error(e)
+    out.print(str(page), soft_wrap=True, highlight=False, markup=False)
 
 
 @app.command()

@@ -111,7 +111,7 @@ def _sweep_run_dirs(sweep_dir: Path) -> tuple[list[Path], list[tuple[str, str, s
     return found, problems
 
 
-def _run_dirs(paths: list[Path]) -> list[Path]:
+def run_dirs(paths: list[Path]) -> list[Path]:
     """Every run folder the paths name, each once; SpecError lists every bad path."""
     dirs: list[Path] = []
     problems: list[tuple[str, str, str]] = []
@@ -142,7 +142,7 @@ def load_comparison(paths: list[Path]) -> Comparison:
     """One sweep folder as the sweep printed it; anything else grouped by its runs' specs."""
     if len(paths) == 1 and paths[0].is_dir() and _is_sweep(paths[0]):
         return read_sweep(paths[0])
-    dirs = _run_dirs(paths)
+    dirs = run_dirs(paths)
     specs, summaries = [], []
     for d in dirs:
         summaries.append(read_summary(d))

@@ -12,13 +12,14 @@ import shutil
 import signal
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from fabric_emu import counters, results
+from fabric_emu import counters, results, traffic
 from fabric_emu.background import Background
 from fabric_emu.capture import Captures
 from fabric_emu.cleanup import clean_record, clean_stale
@@ -27,6 +28,7 @@ from fabric_emu.fidelity import CpuMonitor
 from fabric_emu.live.manifest import LiveManifest
 from fabric_emu.live.publish import RunPublisher, live_ports, manifest_path
 from fabric_emu.plan import FabricPlan
+from fabric_emu.progress import RunProgress
 from fabric_emu.records import RunLock, RunRecord
 from fabric_emu.ports.report import pause_rows
 from fabric_emu.summary import build_summary, flow_rows, print_summary, rate_rows
@@ -230,13 +232,15 @@ class Runner:
                              self.routed.fabric.set_link, self.routed.fabric.set_link_rate)
         background = Background(self.spec.background, self.routed.fabric, self.plan, record)
         background.prepare()
+        progress = self._progress(lossless.to_hosts)
 
-        def on_go(go: float) -> None:
+        def on_go(go: float) -> None:  # events, background traffic and the progress bar count from GO
             self._on_go(events, go)
             background.start(go)
+            progress.start(go)
 
         with CpuMonitor(processes=self._watched()) as cpu, counters.QueueSampler(
-                self.plan, lossless.backlogs_now, lossless.paused_now) as queues:
+                self.plan, lossless.backlogs_now, lossless.paused_now) as queues, progress:
             try:  # the NIC engines register with cpu.watch as they start
                 agents = run_agents(self.spec, self.plan, self.ranks, self.routed.fabric, record,
                                     workdir, self.say, watch=cpu.watch, info=self.nic_info,
@@ -286,6 +290,22 @@ class Runner:
             if bounds is not None:
                 out[job.name] = (bounds[-1][1] - bounds[0][0]) / self.plan.dilation
         return out
+
+    def _progress(self, to_hosts: Callable[[], tuple[int, int]]) -> RunProgress:
+        """The bar of a long run on a terminal (a no-op otherwise)."""
+        from fabric_emu import jobs
+        from fabric_emu.program import RECV
+
+        rate = self.plan.host_rate_bps(self.ranks[0])
+        if jobs.uses_program(self.spec):
+            program = jobs.build_program(jobs.resolve_jobs(self.spec, self.plan))
+            line_rate_s = jobs.line_rate_s(program, rate, self.plan.dilation)
+            planned = sum(o.nbytes for o in program.ops if o.kind == RECV)
+        else:
+            hosts = [h.name for h in self.plan.hosts]
+            line_rate_s = traffic.line_rate_s(self.spec.workload, self.ranks, hosts, rate, self.plan.dilation)
+            planned = traffic.planned_bytes(self.spec.workload, self.ranks, hosts)
+        return RunProgress(self.console, to_hosts, planned, line_rate_s, self.plan.dilation)
 
     def _watched(self) -> dict[int, str]:
         """The fabric's own processes whose threads the CPU monitor samples (ovs-vswitchd it

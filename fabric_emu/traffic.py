@@ -91,3 +91,12 @@ def line_rate_s(w: AllReduceWorkload | IncastWorkload | FlowsWorkload, ranks: li
     if isinstance(w, AllReduceWorkload):
         return ring_allreduce_line_rate_s(w.size, len(ranks), w.iterations, rate_bps)
     return flows_line_rate_s(workload_flows(w, hosts), rate_bps, dilation)
+
+
+def planned_bytes(w: AllReduceWorkload | IncastWorkload | FlowsWorkload, ranks: list[str],
+                  hosts: list[str]) -> int:
+    """Payload bytes all receivers get when the workload completes (a ring all-reduce: each of
+    n ranks receives 2(n-1)/n x size per iteration)."""
+    if isinstance(w, AllReduceWorkload):
+        return 2 * (len(ranks) - 1) * w.size * w.iterations
+    return sum(f.total_bytes for f in workload_flows(w, hosts))

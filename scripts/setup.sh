@@ -29,6 +29,9 @@ apt_packages=(
 # bpftool (loads the port programs) is its own package on Debian 12 but part of linux-tools on
 # Ubuntu 24.04, whose bpftool wrapper needs the tools of the running kernel's flavour.
 if grep -qi ubuntu /etc/os-release; then apt_packages+=(linux-tools-common linux-tools-generic); else apt_packages+=(bpftool); fi
+# Headless Chromium, in which the tests open `fabric-emu report` pages: Debian's own package;
+# Ubuntu's is chromium-browser (a snap underneath).
+if grep -qi ubuntu /etc/os-release; then apt_packages+=(chromium-browser); else apt_packages+=(chromium); fi
 
 missing=()
 for p in "${apt_packages[@]}"; do

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from fabric_emu.ports import datapath
-from fabric_emu.ports.layout import PORT_ECN, PORT_PFC
+from fabric_emu.ports.layout import NPRIO, PORT_ECN, PORT_PFC
 from fabric_emu.ports.model import PortPlan, bpf_config
 from fabric_emu.ports.pfcd import Config, DaemonPort
 from fabric_emu.records import RunRecord
@@ -89,6 +89,16 @@ class LosslessPorts:
         """Every port's BPF and daemon counters, by interface name."""
         assert self.maps is not None
         return {e.intf: self.maps.counters(e.id) for e in self.ports.ends}
+
+    def to_hosts(self) -> tuple[int, int]:
+        """(bytes, packets) the switches have sent to the host NICs so far, every class: what
+        the fabric has delivered, live (a few map reads, no system call)."""
+        assert self.maps is not None
+        roles = {e.id: e.role for e in self.ports.ends}
+        t = self.maps.table
+        ends = [e.id for e in self.ports.ends if e.role == "switch" and roles.get(e.peer_id) == "host"]
+        return (sum(t.get(i, "tx_bytes", p) for i in ends for p in range(NPRIO)),
+                sum(t.get(i, "tx_packets", p) for i in ends for p in range(NPRIO)))
 
     def installed(self) -> list[dict]:
         """The thresholds each switch port runs with, read back from the map."""
