@@ -105,6 +105,8 @@ def parse_result(text: str, protocol: str, dilation: float) -> dict:
         return {"error": "no iperf3 result"}
     if protocol == "tcp":
         s = end.get("sum_received") or {}
+        if not s.get("bits_per_second"):  # stopped early: the client never hears the server's count
+            s = end.get("sum_sent") or {}
         return {"gbps": s.get("bits_per_second", 0) * dilation / 1e9, "seconds": s.get("seconds"),
                 "retransmits": (end.get("sum_sent") or {}).get("retransmits")}
     s = end.get("sum") or {}

@@ -270,8 +270,9 @@ class Runner:
             raise cut_short
 
     def _jobs_alone(self, record: RunRecord, workdir: Path) -> dict[str, float]:
-        """Each job run by itself on the idle fabric before they run together: job name ->
-        its completion time (modelled seconds), the yardstick of how much sharing slowed it."""
+        """Each job run by itself before they run together (with the background traffic, if
+        any, which is part of the fabric's life): job name -> its completion time (modelled
+        seconds), the yardstick of how much the other jobs slowed it."""
         from fabric_emu import jobs
         from fabric_emu.workload import run_agents
 
@@ -283,7 +284,13 @@ class Runner:
             sub = workdir / f"alone-{job.name}"
             sub.mkdir()
             self.say(f"job {job.name} alone first")
-            stats = run_agents(spec, self.plan, ranks, self.routed.fabric, record, sub, self.say)
+            background = Background(self.spec.background, self.routed.fabric, self.plan, record)
+            background.prepare()
+            try:
+                stats = run_agents(spec, self.plan, ranks, self.routed.fabric, record, sub, self.say,
+                                   on_go=background.start)
+            finally:
+                background.stop()
             program = jobs.build_program(jobs.resolve_jobs(spec, self.plan))
             times = jobs.op_times(program, {h: a.get("ops") or [] for h, a in stats.items()})
             bounds = jobs.step_bounds(program, times, job.name)
