@@ -469,7 +469,7 @@ class FabricCore:
                 continue
             ports = hops.get(name, [])
             if len(ports) > 1:
-                gid = DEST_GROUP_BASE + int(net.network_address.packed[2])
+                gid = DEST_GROUP_BASE + self.leaf_number(self.plan.switch_by_name[name])
                 groups.append(ecmp_group(gid, switch, ports, self.options))
                 actions: tuple[Action, ...] = (ToGroup(gid),)
             else:
