@@ -22,6 +22,13 @@ Two tables on every switch (higher priority wins). Table 0 tags, table 1 routes:
   prio 100  ARP request                          -> controller (proxy ARP from the plan)
   prio 0    anything else                        -> drop (no flooding, ever)
 
+Fabrics of other kinds (fat-tree, rail-optimized) route every switch from the plan's graph
+(graph_routes): at prio 200 each switch sends a leaf's /24 to its one next hop on a shortest
+path, or to a select group over its equal-cost next hops (DEST_GROUP_BASE + the leaf's number,
+ECMP-hashed with the switch's own seed); leaves add the prio 300 routes to their own hosts. A
+link going down or up recomputes every switch's routes over the links that are up. Spraying and
+DLB exist on leaf-spine fabrics only.
+
 Hosts ARP for each other directly (one /16) and get the true MAC from the controller, so frames
 already carry the right eth_dst; switches rewrite only eth_src.
 """
@@ -34,9 +41,11 @@ import struct
 from dataclasses import dataclass
 from typing import Callable, Union
 
+import networkx as nx
+
 from fabric_emu import spray
 from fabric_emu.ports.dlb import TTL_BASE as DLB_TTL_BASE
-from fabric_emu.plan import FabricPlan, Host, Switch
+from fabric_emu.plan import FabricPlan, Host, Port, Switch
 from fabric_emu.ports.model import port_ends
 
 TAG_TABLE = 0
@@ -279,6 +288,24 @@ def leaf_prefixes(plan: FabricPlan) -> dict[str, ipaddress.IPv4Network]:
     return prefixes
 
 
+def leaf_distances(plan: FabricPlan, down: set[frozenset[str]] = frozenset()) -> dict[str, dict[str, int]]:
+    """Per leaf: the hop count from every switch that reaches it over the links that are up."""
+    g = nx.Graph()
+    g.add_nodes_from(plan.switch_by_name)
+    g.add_edges_from((ln.a, ln.b) for ln in plan.links
+                     if ln.kind == "fabric" and frozenset((ln.a, ln.b)) not in down)
+    return {leaf.name: nx.single_source_shortest_path_length(g, leaf.name) for leaf in plan.leaves}
+
+
+def graph_routes(plan: FabricPlan, switch: str, down: set[frozenset[str]],
+                 dists: dict[str, dict[str, int]]) -> dict[str, list[Port]]:
+    """Per leaf the switch reaches (dists: leaf_distances over the links not `down`): its ports
+    on links that are up and start a shortest path to it (several = equal-cost next hops)."""
+    ports = [p for p in plan.ports(switch) if frozenset((switch, p.peer)) not in down]
+    return {leaf: [p for p in ports if dist.get(p.peer, -1) == dist[switch] - 1]
+            for leaf, dist in dists.items() if leaf != switch and switch in dist}
+
+
 def _ipv4_dst(net: ipaddress.IPv4Network) -> dict:
     return {"eth_type": ETH_TYPE_IPV4, "ipv4_dst": (str(net.network_address), str(net.netmask))}
 
@@ -290,8 +317,15 @@ class FabricCore:
         self.plan = plan
         self.lb_mode = lb_mode
         self.options = options
+        # Leaf-spine fabrics have their own routing (and spraying and DLB on the leaves' uplinks);
+        # every other kind routes by ECMP over the plan's graph at every switch (graph_routes).
+        self.by_graph = plan.kind != "leaf-spine"
+        if self.by_graph and lb_mode != "ecmp":
+            raise ValueError(f"load balancing '{lb_mode}' runs on leaf-spine fabrics only "
+                             f"(this one is {plan.kind}; allowed: ecmp)")
         self._spread_uplinks = uplink_builder(lb_mode)
         self.down: set[frozenset[str]] = set()  # links that are down, as {node, node}
+        self._dists: dict[str, dict[str, int]] | None = None  # leaf_distances while self.down holds
         self._groups: dict[int, set[int]] = {}  # dpid -> group ids it has (add vs modify)
         self._switch_by_dpid = {s.dpid: s for s in plan.switches}
         self._host_by_ip = {h.ip: h for h in plan.hosts}
@@ -308,6 +342,8 @@ class FabricCore:
         """Change the load-balancing mode live: per leaf dpid, the messages that replace the old
         mode's flows with the new one's (the routes and the ECMP group stay as they are)."""
         builder = uplink_builder(lb_mode)
+        if self.by_graph and lb_mode != "ecmp":
+            raise Conflict(f"{lb_mode} runs on leaf-spine fabrics only; this one is {self.plan.kind}")
         if lb_mode == "spray" and not self.options.spray_entropies:
             raise Conflict("this run's NICs send one UDP source port per queue pair, so there is "
                            "nothing to spray; start the run with spray.entropies set (or "
@@ -322,7 +358,9 @@ class FabricCore:
         if switch is None:
             raise KeyError(f"dpid {dpid:#x} is not in plan {self.plan.name}")
         self._groups[dpid] = set()
-        if switch.role == "leaf":
+        if self.by_graph:
+            groups, flows = self._graph_rules(switch)
+        elif switch.role == "leaf":
             groups, flows = self._leaf_rules(switch)
         else:
             groups, flows = (), self._spine_flows(switch)
@@ -361,6 +399,10 @@ class FabricCore:
             self.down.discard(link)
         else:
             self.down.add(link)
+        if self.by_graph:  # any switch may route differently now
+            self._dists = None
+            return {sw.dpid: [*groups, *routes] for sw in self.plan.switches
+                    for groups, routes in [self._graph_routing(sw)]}
         out = {}
         for leaf in self.plan.leaves:
             groups, routes = self._leaf_routing(leaf)
@@ -400,12 +442,49 @@ class FabricCore:
                 if frozenset((leaf.name, p.peer)) not in self.down
                 and frozenset((p.peer, dest)) not in self.down]
 
+    def _local_hosts(self, leaf: Switch) -> list[Flow]:
+        return [Flow(ROUTE_TABLE, PRIO_LOCAL_HOST, {"eth_type": ETH_TYPE_IPV4, "ipv4_dst": h.ip},
+                     (Output(h.leaf_port),))
+                for h in self.plan.hosts if h.leaf == leaf.name]
+
     def _leaf_rules(self, leaf: Switch) -> tuple[tuple[Group, ...], list[Flow]]:
-        local = [Flow(ROUTE_TABLE, PRIO_LOCAL_HOST, {"eth_type": ETH_TYPE_IPV4, "ipv4_dst": h.ip},
-                      (Output(h.leaf_port),))
-                 for h in self.plan.hosts if h.leaf == leaf.name]
         groups, routes = self._leaf_routing(leaf)
-        return groups, local + routes + self._lb_flows(leaf)
+        return groups, self._local_hosts(leaf) + routes + self._lb_flows(leaf)
+
+    def _graph_rules(self, switch: Switch) -> tuple[tuple[Group, ...], list[Flow]]:
+        groups, routes = self._graph_routing(switch)
+        local = self._local_hosts(switch) if switch.role == "leaf" else []
+        return groups, local + routes
+
+    def _graph_routing(self, switch: Switch) -> tuple[tuple[Group, ...], list[Flow]]:
+        """A route to every other leaf's /24: its one next hop, a select group over several
+        (group DEST_GROUP_BASE + the leaf's number, hashed like the leaves' ECMP group with this
+        switch's own seed), or a drop while no path is up."""
+        if self._dists is None:
+            self._dists = leaf_distances(self.plan, self.down)
+        hops = graph_routes(self.plan, switch.name, self.down, self._dists)
+        groups, routes = [], []
+        for name, net in self._prefix.items():
+            if name == switch.name:
+                continue
+            ports = hops.get(name, [])
+            if len(ports) > 1:
+                gid = DEST_GROUP_BASE + self.leaf_number(self.plan.switch_by_name[name])
+                groups.append(ecmp_group(gid, switch, ports, self.options))
+                actions: tuple[Action, ...] = (ToGroup(gid),)
+            else:
+                actions = tuple(Output(p.port) for p in ports)
+            routes.append(Flow(ROUTE_TABLE, PRIO_PREFIX, _ipv4_dst(net), actions))
+        return self._add_or_modify(switch, groups), routes
+
+    def _add_or_modify(self, switch: Switch, groups: list[Group]) -> tuple[Group, ...]:
+        """Add a group the first time, modify it afterwards."""
+        have = self._groups.setdefault(switch.dpid, set())
+        out = []
+        for g in groups:
+            out.append(dataclasses.replace(g, modify=g.group_id in have))
+            have.add(g.group_id)
+        return tuple(out)
 
     def _leaf_routing(self, leaf: Switch) -> tuple[tuple[Group, ...], list[Flow]]:
         """The routes to other leaves and the groups they use. The routes and the ECMP group
@@ -425,12 +504,7 @@ class FabricCore:
                 groups.append(ecmp_group(gid, leaf, usable, self.options))
                 action = ToGroup(gid)
             routes.append(Flow(ROUTE_TABLE, PRIO_PREFIX, _ipv4_dst(net), (action,) if usable else ()))
-        have = self._groups.setdefault(leaf.dpid, set())
-        out = []
-        for g in groups:  # add a group once, modify it afterwards
-            out.append(dataclasses.replace(g, modify=g.group_id in have))
-            have.add(g.group_id)
-        return tuple(out), routes
+        return self._add_or_modify(leaf, groups), routes
 
     def _lb_flows(self, leaf: Switch) -> list[Flow]:
         """The current mode's flows on a leaf, above the routes (cookie LB_COOKIE), over the

@@ -15,7 +15,10 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
+    TypeAdapter,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -90,12 +93,10 @@ def _dilation(v: Any) -> Any:
 Dilation = Annotated[Union[float, Literal["auto"]], BeforeValidator(_dilation)]
 
 
-class TopologySpec(Strict):
+class TopologyBase(Strict):
+    """What every kind of fabric has: links, dilation, MTU and port buffers."""
+
     name: str = Field(pattern=NAME_RE)
-    kind: Literal["leaf-spine"]
-    spines: int = Field(ge=1, le=64)
-    leaves: int = Field(ge=1, le=200)
-    hosts_per_leaf: int = Field(ge=1, le=200)
     host_link: LinkSpec = LinkSpec(gbps=100)
     fabric_link: LinkSpec = LinkSpec(gbps=100)
     dilation: Dilation = Field(
@@ -104,6 +105,84 @@ class TopologySpec(Strict):
     mtu: int = Field(default=4200, ge=1280, le=9000, description="Ethernet MTU of every link")
     port_buffer: Bytes = Field(default=1_000_000, ge=10_000, le=1_000_000_000,
                                description="egress buffer per switch port, bytes")
+
+
+TOPOLOGY_KINDS = ("leaf-spine", "fat-tree", "rail-optimized")
+UNKNOWN_KIND = f"allowed: {', '.join(TOPOLOGY_KINDS)}"
+
+
+class LeafSpineSpec(TopologyBase):
+    """Two tiers: every leaf connects to every spine (the default kind)."""
+
+    kind: Literal["leaf-spine"]
+    spines: int = Field(ge=1, le=64)
+    leaves: int = Field(ge=1, le=200)
+    hosts_per_leaf: int = Field(ge=1, le=200)
+
+    @field_validator("kind", mode="before")
+    @classmethod
+    def _known_kind(cls, v: Any) -> Any:
+        # Unknown kinds are validated as leaf-spine (so every other problem is reported too);
+        # say which kinds exist rather than only this one.
+        if v not in TOPOLOGY_KINDS:
+            raise ValueError(f"got {v!r} ({UNKNOWN_KIND})")
+        return v
+
+    @property
+    def host_count(self) -> int:
+        return self.leaves * self.hosts_per_leaf
+
+
+class FatTreeSpec(TopologyBase):
+    """A k-ary three-tier fat-tree (Al-Fares et al. 2008): (k/2)^2 core switches; k pods of k/2
+    aggregation and k/2 edge switches; k/2 hosts per edge switch, k^3/4 hosts."""
+
+    kind: Literal["fat-tree"]
+    # At most 12: the port datapath maps up to 4095 link ends (k=12 has 2,592, k=14 4,116).
+    k: int = Field(ge=4, le=12, description="switch radix: an even number from 4 to 12")
+
+    @field_validator("k")
+    @classmethod
+    def _even(cls, v: int) -> int:
+        if v % 2:
+            raise ValueError(f"got {v}; k must be even (4, 6, 8, 10, 12)")
+        return v
+
+    @property
+    def host_count(self) -> int:
+        return self.k ** 3 // 4
+
+
+class RailOptimizedSpec(TopologyBase):
+    """Servers with several NICs, in groups: NIC n of every server of a group connects to the
+    group's rail leaf n; every rail leaf connects to every spine."""
+
+    kind: Literal["rail-optimized"]
+    groups: int = Field(ge=1, le=16, description="server groups (each with its own rail leaves)")
+    servers_per_group: int = Field(ge=1, le=64)
+    nics_per_server: int = Field(ge=1, le=8, description="NICs per server = rail leaves per group")
+    spines: int = Field(ge=1, le=64)
+
+    @property
+    def host_count(self) -> int:
+        return self.groups * self.servers_per_group * self.nics_per_server
+
+
+TopologySpec = LeafSpineSpec  # the default kind's model, under its first name
+
+
+def _topology_kind(v: Any) -> str:
+    """The model to validate a topology with; unknown or missing kinds go to leaf-spine, whose
+    kind check names the allowed kinds."""
+    kind = v.get("kind") if isinstance(v, dict) else getattr(v, "kind", None)
+    return kind if kind in TOPOLOGY_KINDS else "leaf-spine"
+
+
+Topology = Annotated[
+    Union[Annotated[LeafSpineSpec, Tag("leaf-spine")], Annotated[FatTreeSpec, Tag("fat-tree")],
+          Annotated[RailOptimizedSpec, Tag("rail-optimized")]],
+    Discriminator(_topology_kind)]
+_topology_adapter: TypeAdapter = TypeAdapter(Topology)
 
 
 HostName = Annotated[str, Field(pattern=NAME_RE)]
@@ -316,7 +395,10 @@ Workload = Annotated[Union[AllReduceWorkload, CollectiveWorkload, IncastWorkload
 JobWorkload = Annotated[Union[AllReduceWorkload, CollectiveWorkload, PipelineWorkload, TrainingWorkload],
                         Field(discriminator="type")]
 
-SWITCH_PORT_RE = r"^(spine|leaf)[0-9]{1,3}-eth[0-9]{1,3}$"
+# Switch names of every kind (fabric_emu.plan): spineN, leafN; fat-tree coreN, aggN, edgeN;
+# rail-optimized gGrailR (group G's leaf of rail R).
+SWITCH_NAME = r"(?:(?:spine|leaf|core|agg|edge)[1-9][0-9]{0,3}|g[1-9][0-9]?rail[1-9])"
+SWITCH_PORT_RE = rf"^{SWITCH_NAME}-eth[0-9]{{1,3}}$"
 
 
 class CaptureSpec(Strict):
@@ -456,8 +538,8 @@ class EventSpec(Strict):
 
     at: Seconds = Field(ge=0, le=3600, description="modelled time from the start of traffic")
     load_balancing: Optional[Literal["ecmp", "dlb", "spray"]] = None
-    link: Optional[str] = Field(default=None, pattern=r"^(leaf|spine)[1-9][0-9]{0,3}-(leaf|spine)[1-9][0-9]{0,3}$",
-                                description="a leaf-spine link, as leaf1-spine2")
+    link: Optional[str] = Field(default=None, pattern=rf"^{SWITCH_NAME}-{SWITCH_NAME}$",
+                                description="a link between two switches, as leaf1-spine2")
     state: Optional[Literal["up", "down"]] = None
     gbps: Optional[float] = Field(default=None, gt=0, le=1600, description="the link's new modelled rate")
 
@@ -506,7 +588,7 @@ class BackgroundSpec(Strict):
 
 class ExperimentSpec(Strict):
     name: str = Field(pattern=NAME_RE)
-    topology: TopologySpec
+    topology: Topology
     load_balancing: Literal["ecmp", "dlb", "spray"] = "ecmp"
     workload: Optional[Workload] = None
     workloads: list[JobWorkload] = Field(default_factory=list, max_length=16,
@@ -576,9 +658,28 @@ class ExperimentSpec(Strict):
             "pfc": p.model_copy(update={"headroom": headroom, "xoff": max(1, xoff), "xon": xon})})
 
     @model_validator(mode="after")
+    def _lb_modes_fit_the_kind(self):
+        """Spraying and DLB act on a leaf's uplinks to one spine tier (controller/core.py); other
+        kinds route by ECMP at every tier."""
+        if self.topology.kind == "leaf-spine":
+            return self
+        if self.load_balancing != "ecmp":
+            raise _problem_at("ExperimentSpec", ("load_balancing",),
+                              f"{self.load_balancing} runs on leaf-spine fabrics only; this one is "
+                              f"{self.topology.kind} (allowed: ecmp)", self.load_balancing)
+        for i, e in enumerate(self.events):
+            if e.load_balancing not in (None, "ecmp"):
+                raise _problem_at("ExperimentSpec", ("events", i, "load_balancing"),
+                                  f"{e.load_balancing} runs on leaf-spine fabrics only; this one is "
+                                  f"{self.topology.kind} (allowed: ecmp)", e.load_balancing)
+        return self
+
+    @model_validator(mode="after")
     def _links_exist(self):
         """Link events name a link of this topology (leafI-spineJ or spineJ-leafI)."""
         t = self.topology
+        if t.kind != "leaf-spine":
+            return self._links_exist_in_plan()
         for i, e in enumerate(self.events):
             if e.link is None:
                 continue
@@ -589,6 +690,19 @@ class ExperimentSpec(Strict):
                 raise _problem_at("ExperimentSpec", ("events", i, "link"),
                                   f"{e.link} is not a link of this fabric (leaf1..leaf{t.leaves}"
                                   f" to spine1..spine{t.spines}, as leaf1-spine2)", e.link)
+        return self
+
+    def _links_exist_in_plan(self):
+        """Link events name a link between two switches of the planned fabric."""
+        from fabric_emu.plan import build_plan  # the plan decides the names; it imports this module
+
+        plan = build_plan(self.topology, dilation=1.0)
+        links = {frozenset((ln.a, ln.b)) for ln in plan.links if ln.kind == "fabric"}
+        for i, e in enumerate(self.events):
+            if e.link is not None and frozenset(e.link.split("-")) not in links:
+                raise _problem_at("ExperimentSpec", ("events", i, "link"),
+                                  f"{e.link} is not a link between two switches of this fabric "
+                                  f"(see fabric-emu show; as {plan.links[-1].a}-{plan.links[-1].b})", e.link)
         return self
 
     @model_validator(mode="after")
@@ -623,7 +737,7 @@ class ExperimentSpec(Strict):
         w = self.workload
         if w is None or w.type != "allreduce":
             return self
-        n = self.topology.leaves * self.topology.hosts_per_leaf if w.ranks == "all" else len(w.ranks)
+        n = self.topology.host_count if w.ranks == "all" else len(w.ranks)
         if w.size < n * w.qps_per_peer:
             raise ValueError(
                 f"workload.size {w.size} B is smaller than ranks x qps_per_peer ({n * w.qps_per_peer});"
@@ -677,6 +791,10 @@ def _field_path(loc: tuple) -> str:
     # pydantic puts the discriminator tag in loc (workload.allreduce.size); users never wrote it.
     if len(loc) > 1 and loc[0] == "workload" and loc[1] in WORKLOAD_TYPES:
         loc = loc[:1] + loc[2:]
+    if len(loc) > 1 and loc[0] == "topology" and loc[1] in TOPOLOGY_KINDS:
+        loc = loc[:1] + loc[2:]
+    elif loc and loc[0] in TOPOLOGY_KINDS:  # a topology file's own fields
+        loc = loc[1:]
     parts = [str(p) for p in loc if not re.match(r"(list|literal|str|int)\[", str(p))]
     return ".".join(parts)
 
@@ -684,8 +802,19 @@ def _field_path(loc: tuple) -> str:
 def _errors_to_problems(err: ValidationError, files: dict[str, str]) -> list[tuple[str, str, str]]:
     """Map pydantic errors to (file, field, message); 'files' maps a top-level key to its file."""
     problems = []
-    for e in err.errors(include_url=False):
+    errors = err.errors(include_url=False)
+    # A topology of an unknown kind is checked as a leaf-spine: its missing fields are noise.
+    def parent(path: str) -> str:  # "topology." of "topology.kind", "" of "kind"
+        return path[:path.rfind(".") + 1]
+
+    def bad_kind(e: dict) -> bool:
+        return _field_path(e["loc"]).endswith("kind") and (UNKNOWN_KIND in e["msg"] or e["type"] == "missing")
+
+    unknown_kind = {parent(_field_path(e["loc"])) for e in errors if bad_kind(e)}
+    for e in errors:
         path = _field_path(e["loc"])
+        if e["type"] == "missing" and parent(path) in unknown_kind and not bad_kind(e):
+            continue
         top = path.split(".")[0] if path else ""
         file = files.get(top, files[""])
         if top in files and top != "" and path.startswith(top + "."):
@@ -694,7 +823,7 @@ def _errors_to_problems(err: ValidationError, files: dict[str, str]) -> list[tup
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
         elif e["type"] == "missing":
-            msg = "required field is missing"
+            msg = "required field is missing" + (f" ({UNKNOWN_KIND})" if bad_kind(e) else "")
         elif e["type"] == "literal_error":
             msg = f"got {e.get('input')!r}; {msg[0].lower()}{msg[1:]}"
         elif msg.startswith("Value error, "):
@@ -703,7 +832,7 @@ def _errors_to_problems(err: ValidationError, files: dict[str, str]) -> list[tup
     return problems
 
 
-def load_topology(path: str | Path, overrides: list[str] | None = None) -> TopologySpec:
+def load_topology(path: str | Path, overrides: list[str] | None = None) -> TopologyBase:
     path = Path(path)
     data = read_yaml(path)
     if not isinstance(data, dict):
@@ -712,7 +841,7 @@ def load_topology(path: str | Path, overrides: list[str] | None = None) -> Topol
         key, _, raw = item.partition("=")
         _set_dotted(data, key, raw, "--set")
     try:
-        return TopologySpec.model_validate(data)
+        return _topology_adapter.validate_python(data)
     except ValidationError as e:
         raise SpecError(_errors_to_problems(e, {"": str(path)})) from None
 

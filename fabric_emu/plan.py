@@ -4,10 +4,15 @@ Names, datapath ids, port numbers, addresses, link rates and equal-cost paths ar
 here, with no root and no Mininet, so every other part (fabric builder, controller, agents,
 reports) reads the same facts. The plan round-trips through JSON for the processes that need it.
 
-Naming (documented for users, like Mininet's):
-  spines spine1..spineS, leaves leaf1..leafL, hosts h1..hN numbered leaf by leaf;
-  interfaces <node>-eth<port>. Leaf ports 1..H face its hosts, H+1..H+S face spine1..spineS;
-  spine port j faces leafj; every host has one interface, hK-eth0.
+Naming (documented for users, like Mininet's): interfaces <node>-eth<port>; every host has one
+interface, <host>-eth0, and the address 10.0.<n>.<p> where n numbers its leaf (the host-attached
+switch; one /24 per leaf, the controller routes by them) and p is the leaf's port to it.
+  leaf-spine: spines spine1..spineS, leaves leaf1..leafL, hosts h1..hN numbered leaf by leaf.
+    Leaf ports 1..H face its hosts, H+1..H+S face spine1..spineS; spine port j faces leafj.
+  fat-tree (k): core1..core(k/2)^2, agg1..agg(k^2/2) and edge1..edge(k^2/2) (role leaf),
+    numbered pod by pod; hosts h1..h(k^3/4) edge by edge (see _fat_tree for the ports).
+  rail-optimized: spine1..spineS; rail leaves g<group>rail<r>; server s's NIC r is host
+    srv<s>n<r>, on rail leaf r of its group (see _rail_optimized).
 
   leaf-spine, 2 spines x 2 leaves x 2 hosts:
 
@@ -28,7 +33,7 @@ from functools import cached_property
 
 import networkx as nx
 
-from fabric_emu.config import TopologySpec
+from fabric_emu.config import FatTreeSpec, LeafSpineSpec, RailOptimizedSpec, TopologyBase
 
 # Bytes that RoCEv2 adds around the payload inside an IP packet: IPv4 20, UDP 8, BTH 12,
 # RETH 16 (first packet of a WRITE), ICRC 4. Used to pick the RoCE path MTU (iboe_get_mtu).
@@ -44,10 +49,15 @@ def roce_path_mtu(eth_mtu: int) -> int:
     raise ValueError(f"mtu {eth_mtu} cannot carry a RoCE packet")
 
 
+# Tiers from the hosts up. Leaves are the host-attached switches of every kind (fat-tree edges
+# too), so code that works on leaves and their uplinks works on every kind.
+TIER_OF_ROLE = {"leaf": 1, "agg": 2, "spine": 2, "core": 3}
+
+
 @dataclass(frozen=True)
 class Switch:
     name: str
-    role: str  # "spine" | "leaf"
+    role: str  # "leaf" (host-attached) | "spine" | fat-tree "agg" | "core"
     index: int  # 1-based within its role
     dpid: int
 
@@ -140,7 +150,38 @@ class FabricPlan:
         return sorted(out, key=lambda p: p.port)
 
     def uplinks(self, leaf: str) -> list[Port]:
+        """A host-attached switch's ports toward the switches above it (every kind). Bytes sent
+        on them by all leaves are the bytes that entered the upper tiers."""
         return [p for p in self.ports(leaf) if p.kind == "fabric"]
+
+    def tier(self, node: str) -> int:
+        """0 for hosts, 1 for leaves, up to the top tier (TIER_OF_ROLE)."""
+        sw = self.switch_by_name.get(node)
+        return 0 if sw is None else TIER_OF_ROLE[sw.role]
+
+    def up_ports(self, switch: str) -> list[Port]:
+        """A switch's ports toward a higher tier (none for the top tier)."""
+        return [p for p in self.ports(switch) if self.tier(p.peer) > self.tier(switch)]
+
+    @property
+    def roles(self) -> dict[str, list[Switch]]:
+        """Switches by role, from the leaves up."""
+        out: dict[str, list[Switch]] = {}
+        for sw in sorted(self.switches, key=lambda s: TIER_OF_ROLE[s.role]):
+            out.setdefault(sw.role, []).append(sw)
+        return out
+
+    def tier_oversubscription(self) -> dict[str, float]:
+        """Per role with switches above it: the capacity of its ports toward lower tiers and
+        hosts over the capacity of its ports toward higher ones (1.0 = non-blocking)."""
+        out = {}
+        for role, switches in self.roles.items():
+            up = sum(p.emulated_bps for sw in switches for p in self.up_ports(sw.name))
+            if up:
+                down = sum(p.emulated_bps for sw in switches for p in self.ports(sw.name)
+                           if self.tier(p.peer) < self.tier(sw.name))
+                out[role] = down / up
+        return out
 
     def host_rate_bps(self, host: str) -> float:
         """Emulated line rate of a host's NIC."""
@@ -193,40 +234,114 @@ class FabricPlan:
         )
 
 
-def build_plan(topo: TopologySpec, dilation: float | None = None) -> FabricPlan:
-    """Plan a leaf-spine fabric: every leaf connects to every spine. `dilation` overrides the
-    topology's (which must be a number by now: fabric_emu.capacity resolves 'auto')."""
-    if topo.kind != "leaf-spine":
-        raise ValueError(f"unsupported kind {topo.kind}")
+MAX_IFNAME = 15  # Linux's limit on interface names (IFNAMSIZ - 1)
+
+
+def build_plan(topo: TopologyBase, dilation: float | None = None) -> FabricPlan:
+    """Plan a fabric of any kind. `dilation` overrides the topology's (which must be a number
+    by now: fabric_emu.capacity resolves 'auto')."""
     d = topo.dilation if dilation is None else dilation
     if d == "auto":
         raise ValueError("dilation 'auto' is not resolved yet (fabric_emu.capacity.resolve_auto)")
-    host_bps = topo.host_link.gbps * 1e9 / d
-    fabric_bps = topo.fabric_link.gbps * 1e9 / d
-    hpl = topo.hosts_per_leaf
-
-    spines = [Switch(f"spine{i}", "spine", i, 0x5000 + i) for i in range(1, topo.spines + 1)]
-    leaves = [Switch(f"leaf{j}", "leaf", j, 0x1000 + j) for j in range(1, topo.leaves + 1)]
-    hosts: list[Host] = []
-    links: list[Link] = []
-    for leaf in leaves:
-        for k in range(1, hpl + 1):
-            n = (leaf.index - 1) * hpl + k
-            h = Host(
-                name=f"h{n}", index=n, leaf=leaf.name, leaf_port=k,
-                ip=f"10.0.{leaf.index}.{k}", mac=f"02:fe:00:00:{leaf.index:02x}:{k:02x}",
-                intf=f"h{n}-eth0",
-            )
-            hosts.append(h)
-            links.append(Link(h.name, 0, leaf.name, k, "host", topo.host_link.gbps, host_bps))
-    for leaf in leaves:
-        for spine in spines:
-            links.append(Link(leaf.name, hpl + spine.index, spine.name, leaf.index, "fabric",
-                              topo.fabric_link.gbps, fabric_bps))
+    wiring = {"leaf-spine": _leaf_spine, "fat-tree": _fat_tree, "rail-optimized": _rail_optimized}
+    if topo.kind not in wiring:
+        raise ValueError(f"unsupported kind {topo.kind}")
+    w = _Wiring(topo, d)
+    wiring[topo.kind](topo, w)
+    long = [ln.a_intf for ln in w.links if len(ln.a_intf) > MAX_IFNAME]
+    long += [ln.b_intf for ln in w.links if len(ln.b_intf) > MAX_IFNAME]
+    if long:
+        raise ValueError(f"interface names longer than {MAX_IFNAME} characters: {', '.join(long[:3])}")
     return FabricPlan(
         name=topo.name, kind=topo.kind, dilation=d, mtu=topo.mtu, port_buffer=topo.port_buffer,
-        switches=spines + leaves, hosts=hosts, links=links,
+        switches=w.switches, hosts=w.hosts, links=w.links,
     )
+
+
+class _Wiring:
+    """Switches, hosts and links as a kind's wiring adds them (rates from the spec)."""
+
+    def __init__(self, topo: TopologyBase, dilation: float):
+        self.topo = topo
+        self.host_bps = topo.host_link.gbps * 1e9 / dilation
+        self.fabric_bps = topo.fabric_link.gbps * 1e9 / dilation
+        self.switches: list[Switch] = []
+        self.hosts: list[Host] = []
+        self.links: list[Link] = []
+
+    def tier(self, prefix: str, role: str, count: int, dpid_base: int) -> list[Switch]:
+        tier = [Switch(f"{prefix}{i}", role, i, dpid_base + i) for i in range(1, count + 1)]
+        self.switches += tier
+        return tier
+
+    def host(self, name: str, leaf: Switch, number: int, port: int) -> None:
+        """Host on leaf's port; leaf `number` n gives it 10.0.<n>.<port> (one /24 per leaf)."""
+        h = Host(name=name, index=len(self.hosts) + 1, leaf=leaf.name, leaf_port=port,
+                 ip=f"10.0.{number}.{port}", mac=f"02:fe:00:00:{number:02x}:{port:02x}",
+                 intf=f"{name}-eth0")
+        self.hosts.append(h)
+        self.links.append(Link(h.name, 0, leaf.name, port, "host", self.topo.host_link.gbps, self.host_bps))
+
+    def fabric(self, a: Switch, a_port: int, b: Switch, b_port: int) -> None:
+        self.links.append(Link(a.name, a_port, b.name, b_port, "fabric", self.topo.fabric_link.gbps,
+                               self.fabric_bps))
+
+
+def _leaf_spine(topo: LeafSpineSpec, w: _Wiring) -> None:
+    """Every leaf connects to every spine. Leaf ports 1..H face hosts, H+s spine s; spine
+    port j faces leaf j."""
+    hpl = topo.hosts_per_leaf
+    spines = w.tier("spine", "spine", topo.spines, 0x5000)
+    leaves = w.tier("leaf", "leaf", topo.leaves, 0x1000)
+    for leaf in leaves:
+        for k in range(1, hpl + 1):
+            w.host(f"h{(leaf.index - 1) * hpl + k}", leaf, leaf.index, k)
+    for leaf in leaves:
+        for spine in spines:
+            w.fabric(leaf, hpl + spine.index, spine, leaf.index)
+
+
+def _fat_tree(topo: FatTreeSpec, w: _Wiring) -> None:
+    """Al-Fares' k-ary fat-tree, numbered pod by pod (pod p holds agg and edge switches
+    (p-1)*k/2+1 .. p*k/2). Edge ports 1..k/2 face hosts, k/2+a the pod's a-th agg; agg ports
+    1..k/2 face the pod's edges, k/2+c its c-th core; core ((a-1)*k/2 + c) port p faces pod p's
+    a-th agg, so core group a joins the a-th aggs of every pod."""
+    k, half = topo.k, topo.k // 2
+    cores = w.tier("core", "core", half * half, 0x3000)
+    aggs = w.tier("agg", "agg", k * half, 0x2000)
+    edges = w.tier("edge", "leaf", k * half, 0x1000)
+    for edge in edges:
+        for port in range(1, half + 1):
+            w.host(f"h{(edge.index - 1) * half + port}", edge, edge.index, port)
+    for pod in range(k):
+        pod_aggs, pod_edges = aggs[pod * half:(pod + 1) * half], edges[pod * half:(pod + 1) * half]
+        for e, edge in enumerate(pod_edges, 1):
+            for a, agg in enumerate(pod_aggs, 1):
+                w.fabric(edge, half + a, agg, e)
+        for a, agg in enumerate(pod_aggs, 1):
+            for c in range(1, half + 1):
+                w.fabric(agg, half + c, cores[(a - 1) * half + c - 1], pod + 1)
+
+
+def _rail_optimized(topo: RailOptimizedSpec, w: _Wiring) -> None:
+    """Group g has one leaf per rail, g<g>rail<r>; NIC r of each of its servers connects to
+    it. Servers are numbered across groups, their NICs srv<s>n<r> (hosts, in server order).
+    Rail-leaf ports 1..S face the group's servers, S+i spine i; spine port j faces the j-th
+    rail leaf (group by group)."""
+    per_group, nics = topo.servers_per_group, topo.nics_per_server
+    spines = w.tier("spine", "spine", topo.spines, 0x5000)
+    leaves = [Switch(f"g{g}rail{r}", "leaf", (g - 1) * nics + r, 0x1000 + (g - 1) * nics + r)
+              for g in range(1, topo.groups + 1) for r in range(1, nics + 1)]
+    w.switches += leaves
+    for g in range(topo.groups):
+        for s in range(1, per_group + 1):
+            server = g * per_group + s
+            for r in range(1, nics + 1):
+                leaf = leaves[g * nics + r - 1]
+                w.host(f"srv{server}n{r}", leaf, leaf.index, s)
+    for leaf in leaves:
+        for spine in spines:
+            w.fabric(leaf, per_group + spine.index, spine, leaf.index)
 
 
 def resolve_ranks(plan: FabricPlan, ranks: str | list[str]) -> list[str]:

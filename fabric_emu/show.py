@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from rich.console import Console
 from rich.table import Table
 
@@ -16,12 +18,11 @@ from fabric_emu.units import format_rate, format_size
 def print_plan(out: Console, plan: FabricPlan, exp: ExperimentSpec | None, ranks: list[str] | None) -> None:
     host_link = plan.ports(plan.hosts[0].name)[0]
     fabric = plan.uplinks(plan.leaves[0].name)[0]
-    out.print(f"[bold]{plan.name}[/] ({plan.kind}): {len(plan.spines)} spines, {len(plan.leaves)} leaves, "
-              f"{len(plan.hosts)} hosts, dilation {plan.dilation:g}")
+    out.print(f"[bold]{plan.name}[/] ({plan.kind}): {layers(plan)}, dilation {plan.dilation:g}")
     out.print(f"host links {format_rate(host_link.emulated_bps * plan.dilation)} modelled / "
               f"{format_rate(host_link.emulated_bps)} emulated; fabric links "
               f"{format_rate(fabric.emulated_bps * plan.dilation)} / {format_rate(fabric.emulated_bps)}; "
-              f"oversubscription {plan.oversubscription:g}:1; MTU {plan.mtu} (RoCE {plan.roce_mtu}); "
+              f"oversubscription {tiers_text(plan)}; MTU {plan.mtu} (RoCE {plan.roce_mtu}); "
               f"port buffer {plan.port_buffer} B")
     if "dilation_auto" in plan.extra:
         print_dilation_auto(out, plan.extra["dilation_auto"])
@@ -36,16 +37,7 @@ def print_plan(out: Console, plan: FabricPlan, exp: ExperimentSpec | None, ranks
     for h in plan.hosts:
         t.add_row(h.name, h.ip, h.mac, f"{h.leaf} port {h.leaf_port}")
     out.print(t)
-
-    t = Table("from", "to", "equal-cost paths", title="leaf-to-leaf paths")
-    leaves = plan.leaves
-    for a in leaves:
-        for b in leaves:
-            if a is b:
-                continue
-            paths = plan.paths(a.name, b.name)
-            t.add_row(a.name, b.name, f"{len(paths)}: " + ", ".join(p[1] for p in paths if len(p) > 2))
-    out.print(t)
+    print_leaf_paths(out, plan)
 
     if exp is None or ranks is None:
         return
@@ -82,6 +74,49 @@ def print_plan(out: Console, plan: FabricPlan, exp: ExperimentSpec | None, ranks
     t_line = flows_line_rate_s(flows, rate, plan.dilation)
     out.print(f"at line rate (busiest host link, payload only, plus the latest start): "
               f"{t_line / plan.dilation * 1e6:,.0f} us modelled, {t_line:.2f} s emulated")
+
+
+ROLE_NAMES = {"leaf": "leaves", "spine": "spines", "agg": "aggregation", "core": "core"}
+
+
+def role_name(plan: FabricPlan, role: str) -> str:
+    """How a tier is called: a fat-tree's leaves are its edge switches."""
+    if plan.kind == "fat-tree" and role == "leaf":
+        return "edge"
+    return ROLE_NAMES.get(role, role)
+
+
+def layers(plan: FabricPlan) -> str:
+    """Switch counts per role from the hosts up, e.g. '8 leaves, 8 aggregation, 4 core, 16 hosts'."""
+    parts = [f"{len(sws)} {role_name(plan, role)}" for role, sws in plan.roles.items()]
+    return ", ".join(parts + [f"{len(plan.hosts)} hosts"])
+
+
+def tiers_text(plan: FabricPlan) -> str:
+    """Oversubscription per tier: its capacity toward the hosts over its capacity upward."""
+    return ", ".join(f"{x:g}:1 at the {role_name(plan, role)}"
+                     for role, x in plan.tier_oversubscription().items()) or "none (one tier)"
+
+
+MAX_PATH_ROWS = 32
+
+
+def print_leaf_paths(out: Console, plan: FabricPlan) -> None:
+    """Equal-cost paths between leaves: every pair in a small fabric, else how many pairs have
+    how many paths of what length."""
+    pairs = [(a.name, b.name) for a in plan.leaves for b in plan.leaves if a is not b]
+    if len(pairs) > MAX_PATH_ROWS:
+        counts = Counter((len(ps), len(ps[0]) - 1) for ps in (plan.paths(a, b) for a, b in pairs))
+        t = Table("leaf pairs", "equal-cost paths", "switch hops", title="leaf-to-leaf paths")
+        for (n, hops), pairs_n in sorted(counts.items()):
+            t.add_row(str(pairs_n), str(n), str(hops))
+        out.print(t)
+        return
+    t = Table("from", "to", "equal-cost paths", title="leaf-to-leaf paths")
+    for a, b in pairs:
+        paths = plan.paths(a, b)
+        t.add_row(a, b, f"{len(paths)}: " + ", ".join(">".join(p[1:-1]) for p in paths if len(p) > 2))
+    out.print(t)
 
 
 def print_ports(out: Console, plan: FabricPlan, exp: ExperimentSpec) -> None:
