@@ -105,6 +105,8 @@ class Engine:
                 touched = set()
                 if not unfinished:
                     return
+                if pending and next_fill <= t:  # newly full sockets: first retry a tick from now
+                    next_fill = t + self.tick_s
                 # Sleep: until the next timer or fill, or a packet arrives; but wake at most
                 # once a tick, so a busy host is served in batches, not once per packet.
                 t = self.clock()
