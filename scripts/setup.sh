@@ -44,11 +44,22 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
   # Debian's prometheus package would start a server on every address (:9090); we only want
   # the binary (tests run their own, on loopback). Masking first keeps it from ever starting.
-  if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
-    systemctl mask prometheus.service >/dev/null 2>&1 || true
+  # Without systemd, the package's init script would start it instead: a policy-rc.d that
+  # refuses just that service, for the install only (and only if the machine has none).
+  policy=/usr/sbin/policy-rc.d
+  own_policy=""
+  if [[ " ${missing[*]} " == *" prometheus "* ]]; then
+    if [ -d /run/systemd/system ]; then
+      systemctl mask prometheus.service >/dev/null 2>&1 || true
+    elif [ ! -e "$policy" ]; then
+      printf '#!/bin/sh\n[ "$1" = prometheus ] && exit 101\nexit 0\n' > "$policy"
+      chmod 755 "$policy"
+      own_policy=1
+    fi
   fi
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${apt_packages[@]}" >/dev/null
+  if [ -n "$own_policy" ]; then rm -f "$policy"; fi
 fi
 mkdir -p "$stamp_dir" && touch "$apt_stamp"
 
