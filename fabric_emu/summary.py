@@ -417,8 +417,15 @@ def _job_rows(j: dict, d: float) -> list[Row]:
         split = ", ".join(f"{k} {v * 1e6:,.0f}" for k, v in j["split_fabric_s"].items())
         rows += [(f"{name}: step time", f"{j['step_time_fabric_s'] * 1e6:,.0f} us",
                   f"{j['step_time_fabric_s'] * d:.3f} s"),
-                 (f"{name}: split (us)", split, ""),
-                 (f"{name}: bubble (ideal)", f"{j['bubble_fraction']:.3f} ({j['bubble_fraction_ideal']:.3f})", "")]
+                 (f"{name}: split (us)", split, "")]
+        if j["type"] == "pipeline":
+            rows.append((f"{name}: bubble (ideal)",
+                         f"{j['bubble_fraction']:.3f} ({j['bubble_fraction_ideal']:.3f})", ""))
+        else:  # training: idle time includes TP and DP communication, not only the bubble
+            rows.append((f"{name}: idle share (pipeline bubble alone)",
+                         f"{j['bubble_fraction']:.3f} ({j['bubble_fraction_ideal']:.3f})", ""))
+        if "bytes_across_leaves_planned" in j:
+            rows.append((f"{name}: bytes across leaves", f"{j['bytes_across_leaves_planned'] / 1e6:,.1f} MB", ""))
     return rows
 
 
