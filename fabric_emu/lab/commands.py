@@ -185,3 +185,28 @@ def parse_link(words: list[str], links: set[frozenset[str]]) -> LinkRequest:
         example = "-".join(sorted(next(iter(links)))) if links else "leaf1-spine1"
         raise LabInputError(f"link: {a}-{b} is not a link between two switches of this fabric (as {example})")
     return LinkRequest(a, b, state == "up")
+
+
+# Keys `set` leaves to the command that applies them (or that cannot change with the fabric up).
+SET_ELSEWHERE = {"topology": "the fabric is built: leave the lab and start it with --set",
+                 "load_balancing": "use lb", "ecn": "use ecn", "pfc": "use pfc", "workload": "use run",
+                 "workloads": "use run", "congestion_control": "use cc", "dcqcn": "use dcqcn",
+                 "spray": "the fabric is built with it: start the lab with --set",
+                 "dlb": "the fabric is built with it: start the lab with --set",
+                 "capture": "the lab does not capture (use tcpdump on a node)", "name": "the lab's experiment keeps its name"}
+
+
+def parse_set(words: list[str]) -> dict[str, str]:
+    """`set dotted.key=value ...`: any other setting of the spec for the next runs (as `--set`)."""
+    if not words:
+        raise LabInputError("set: expected dotted.key=value, as `set transport.retransmit_timeout=262us`")
+    out = {}
+    for w in words:
+        key, sep, raw = w.partition("=")
+        if not sep or not key or not raw:
+            raise LabInputError(f"set: {w!r}: expected dotted.key=value")
+        top = key.split(".")[0]
+        if top in SET_ELSEWHERE:
+            raise LabInputError(f"set: {key}: {SET_ELSEWHERE[top]}")
+        out[key] = raw
+    return out

@@ -27,7 +27,7 @@ PROMPT = "lab> "
 # Mininet's commands that make sense here, for `help` (its own `help mininet` shows them all).
 MININET_COMMANDS = ("nodes", "net", "links", "intfs", "dump", "pingall", "pingpair", "iperf",
                     "xterm", "sh", "py", "source")
-LAB_COMMANDS = ("run", "lb", "ecn", "pfc", "cc", "dcqcn", "link", "ports", "queues", "flows",
+LAB_COMMANDS = ("run", "lb", "ecn", "pfc", "cc", "dcqcn", "set", "link", "ports", "queues", "flows",
                 "knobs", "runs", "save", "expect", "quit")
 DCQCN_KEYS = tuple(DcqcnSpec.model_fields)
 
@@ -223,6 +223,13 @@ class LabCLI(CLI):
                        + " from the next run on" + ("" if spec.congestion_control == "dcqcn"
                                                    else " (congestion control is none: `cc dcqcn`)"),
                        highlight=False)
+
+    def do_set(self, line: str) -> None:
+        """set KEY=VALUE ...: any other setting of the experiment from the next run on (transport.retransmit_timeout=262us, seed=2, timeout=60s)."""
+        overrides = commands.parse_set(shlex.split(line))
+        self.session.turn(overrides)
+        self.out.print("from the next run on: " + ", ".join(f"{k}={v}" for k, v in overrides.items()),
+                       markup=False, highlight=False)
 
     def do_link(self, line: str) -> None:
         """link LINK down|up: cut a fabric link or restore it, as `link leaf1-spine2 down` (the controller reroutes)."""

@@ -43,6 +43,10 @@ def test_knobs_become_overrides():
     assert c.parse_switch(["off"], "ecn", c.ECN_KEYS) == {"ecn.enabled": "false"}
     assert c.parse_switch(["on", "xoff=50KB"], "pfc", c.PFC_KEYS) == {"pfc.enabled": "true", "pfc.xoff": "50KB"}
     assert c.parse_cc(["none"]) == {"congestion_control": "none"}
+    assert c.parse_set(["transport.retransmit_timeout=262us", "seed=2"]) == {
+        "transport.retransmit_timeout": "262us", "seed": "2"}
+    with pytest.raises(c.LabInputError, match="topology.spines: the fabric is built"):
+        c.parse_set(["topology.spines=4"])
     assert c.parse_dcqcn(["preset=paper"], ("preset",)) == {"dcqcn.preset": "paper"}
     assert c.parse_lb(["spray"]) == c.LbRequest("spray") and c.parse_lb([]) is None
     links = {frozenset(("leaf1", "spine2"))}
