@@ -1,4 +1,4 @@
-"""The `fabric-emu` command: run, show, sweep, compare, report, lb, clean."""
+"""The `fabric-emu` command: run, lab, show, sweep, compare, report, lb, top, clean."""
 
 from __future__ import annotations
 
@@ -176,6 +176,82 @@ def run(experiment: Annotated[Path, typer.Argument(help="experiment YAML file")]
     _need_root("run")
     raise typer.Exit(_run_checked(experiment, set_ or [], out_dir, checked, sys.argv,
                                   None if metrics_port < 0 else metrics_port, metrics_linger))
+
+
+@app.command()
+def lab(experiment: Annotated[Path, typer.Argument(help="experiment YAML file: the fabric and the first settings")],
+        out_dir: Annotated[Path, typer.Option("--out", help="results base folder")] = Path("results"),
+        set_: Annotated[Optional[list[str]], typer.Option("--set", help="override dotted.key=value")] = None,
+        script: Annotated[Optional[str], typer.Option(
+            "--script", help="run the lab commands of this file (- : standard input), then leave")] = None,
+        metrics_port: Annotated[int, typer.Option(
+            "--metrics-port", help="Prometheus exporter port on 127.0.0.1 (0: a free one, -1: none)")] = 0) -> None:
+    """Build the fabric and keep it up: Mininet's CLI plus run, lb, ecn, pfc, cc, link, ports, flows..."""
+    from fabric_emu.lab.shell import script_lines
+
+    try:
+        load_checked(experiment, set_ or [])
+    except SpecError as e:
+        _input_error(e)
+    if not -1 <= metrics_port <= 65535:
+        err.print("error: --metrics-port: 0..65535 or -1 (none)", markup=False)
+        raise typer.Exit(EXIT_INPUT)
+    lines = None
+    if script is not None:
+        try:
+            lines = script_lines(script, sys.stdin)
+        except OSError as e:
+            err.print(f"error: {script}: cannot read ({e.strerror})", markup=False)
+            raise typer.Exit(EXIT_INPUT)
+    _need_root("lab")
+    raise typer.Exit(_lab(experiment, set_ or [], out_dir, lines, None if metrics_port < 0 else metrics_port))
+
+
+def _lab(experiment: Path, sets: list[str], out_dir: Path, script: list[str] | None, metrics_port: int | None) -> int:
+    """The lab's life: up, the prompt (or script), down, whatever ends it."""
+    from fabric_emu.capacity import ProbeError
+    from fabric_emu.lab.session import LabExit, LabSession, install_exit_handlers
+    from fabric_emu.lab.shell import LabCLI
+
+    console = out if out.is_terminal else Console(width=140)  # a script's tables, not cut at 80
+    try:
+        session = LabSession(experiment, sets, out_dir, console, metrics_port)
+    except ProbeError as e:
+        err.print(f"error: dilation: auto: cannot measure this machine ({e})", markup=False)
+        return EXIT_RUNTIME
+    old = install_exit_handlers()
+    failed: str | None = None
+    left = "quit"
+    try:
+        session.up()
+        r = session.record
+        console.print(f"lab up: {len(session.plan.hosts)} hosts, run {r.run_id}; metrics {r.metrics_url or 'off'}; "
+                  "type help for the commands, quit to leave", highlight=False, soft_wrap=True)
+        shell = LabCLI(session, console, script=script, debug=_debug)
+        failed, left = shell.failed, shell.left_by
+    except LabExit as e:
+        left, failed = f"{e}", (f"terminated ({e})" if script is not None else None)
+    except KeyboardInterrupt:
+        left, failed = "Ctrl-C", "interrupted (SIGINT)" if script is not None else None
+    except Exception as e:  # noqa: BLE001 - the fabric still goes; one line unless --debug
+        if _debug:
+            import traceback
+            traceback.print_exc()
+        left, failed = "error", f"{type(e).__name__}: {e}"
+    finally:
+        problems = session.down()
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    try:
+        for p in problems:
+            err.print(f"warning: {p}; cleaned from the run record", markup=False)
+        console.print(f"lab over ({left}): the fabric is torn down; {len(session.runs)} run(s) in {out_dir}",
+                  highlight=False, soft_wrap=True)
+        if failed:
+            err.print(f"error: {failed}", markup=False, highlight=False)
+    except OSError:  # the terminal is gone (SIGHUP)
+        pass
+    return EXIT_RUNTIME if failed else EXIT_OK
 
 
 @dataclass
@@ -374,7 +450,7 @@ def _live_run(command: str, run_id: str | None, has: Callable[[object], bool]):
     if len(live) == 1:
         return live[0]
     which = f"run {run_id}" if run_id else "fabric"
-    msg = (f"no running {which} to talk to (start one with `fabric-emu run`)" if not live else
+    msg = (f"no running {which} to talk to (start one with `fabric-emu run` or `fabric-emu lab`)" if not live else
            "several are: pick one with --run " + " | ".join(r.run_id for r in live))
     err.print(f"error: {command}: {msg}", markup=False, highlight=False)
     raise typer.Exit(EXIT_INPUT)

@@ -95,8 +95,8 @@ class Runner:
                 self.live.close(self.metrics_linger_s)
             lock.release()
 
-    def _run_locked(self, debug: bool) -> int:
-        started = time.time()
+    def open_results(self, started: float) -> Path:
+        """The run's results folder, with its spec and a summary saying it is not finished."""
         run_dir = results.make_run_dir(self.out_base, self.spec.name, started)
         results.write_yaml(run_dir / "experiment.yaml", resolved_dict(self.spec))
         # Replaced at the end; if this process is killed, the folder still says what happened.
@@ -104,6 +104,11 @@ class Runner:
             "status": "incomplete", "experiment": self.spec.name,
             "load_balancing": self.spec.load_balancing,
             "error": "the run did not finish (still running, or killed)"})
+        return run_dir
+
+    def _run_locked(self, debug: bool) -> int:
+        started = time.time()
+        run_dir = self.open_results(started)
         record = RunRecord.new(f"{results.utc_stamp(started)}-{os.getpid()}")
         workdir = Path(tempfile.mkdtemp(prefix="fabric-emu-"))
         record.paths = [str(workdir)]
@@ -115,8 +120,8 @@ class Runner:
         old_int = signal.signal(signal.SIGINT, _raise_interrupted)
         old_term = signal.signal(signal.SIGTERM, _raise_interrupted)
         try:
-            self._bring_up(record, workdir)
-            self._traffic(record, workdir)
+            self.bring_up(record, workdir)
+            self.traffic_phase(record, workdir)
             state["status"] = self.traffic["status"]
         except Interrupted as e:
             state.update(status="incomplete", error=f"interrupted ({e})")
@@ -133,15 +138,20 @@ class Runner:
             signal.signal(signal.SIGINT, old_int)
             signal.signal(signal.SIGTERM, old_term)
 
+        if self.routed is not None and self.routed.pfc_stats:
+            self.traffic["pfc_daemon"] = self.routed.pfc_stats
+        return self.write_results(run_dir, state, started, record.run_id)
+
+    def write_results(self, run_dir: Path, state: dict, started: float, run_id: str) -> int:
+        """summary.json, metadata.json and the CSVs of the traffic phase (self.traffic), the
+        summary table and the plots; returns the exit code (0: the run is ok)."""
         ended = time.time()
         traffic = self.traffic
-        if self.routed is not None and self.routed.pfc_stats:
-            traffic["pfc_daemon"] = self.routed.pfc_stats
         summary = build_summary(self.spec, self.plan, self.ranks, traffic, state)
         results.write_json(run_dir / "summary.json", summary)
         results.write_json(run_dir / "metadata.json", {
             **results.environment(),
-            "command": self.command, "seed": self.spec.seed, "run_id": record.run_id,
+            "command": self.command, "seed": self.spec.seed, "run_id": run_id,
             "start": results.iso(started), "end": results.iso(ended),
             "phases_s": {k: round(v, 3) for k, v in self.times.items()},
             "nic_engines": self.nic_info,
@@ -181,7 +191,8 @@ class Runner:
             return traffic["traffic_start"]
         return min(gos) - (time.time() - time.monotonic())
 
-    def _bring_up(self, record: RunRecord, workdir: Path):
+    def bring_up(self, record: RunRecord, workdir: Path):
+        """Build, route and publish the fabric (the lab keeps it up between runs)."""
         from fabric_emu.ports.model import port_plan, settings_of
         from fabric_emu.routed import RoutedFabric
         from fabric_emu.workload import spray_entropies
@@ -217,7 +228,9 @@ class Runner:
         events.start(go)
         self.live.go(go)
 
-    def _traffic(self, record: RunRecord, workdir: Path) -> None:
+    def traffic_phase(self, record: RunRecord, workdir: Path) -> None:
+        """Run the workload on the fabric that is up (self.routed, self.live); what it measured
+        goes to self.traffic, even when cut short (then Interrupted is raised again)."""
         from fabric_emu.events import EventRunner
         from fabric_emu.workload import run_agents
 
@@ -332,14 +345,19 @@ class Runner:
         if self.routed is not None:
             for problem in self.routed.down():
                 self.say(f"{problem}; cleaning from the run record")
-        logs = run_dir / "logs"
-        logs.mkdir(exist_ok=True)
-        for f in workdir.glob("*.log"):
-            shutil.copy2(f, logs / f.name)
-        agents = run_dir / "agents"  # each agent's own measurements, for whoever digs deeper
-        for f in workdir.glob("agent-*.json"):
-            if not f.name.endswith(".config.json"):
-                agents.mkdir(exist_ok=True)
-                shutil.copy2(f, agents / f.name.removeprefix("agent-"))
+        keep_logs(workdir, run_dir)
         clean_record(record)
         self.times["tear_down"] = time.monotonic() - t
+
+
+def keep_logs(workdir: Path, run_dir: Path) -> None:
+    """Copy the processes' logs and each agent's own measurements into the results folder."""
+    logs = run_dir / "logs"
+    logs.mkdir(exist_ok=True)
+    for f in workdir.glob("*.log"):
+        shutil.copy2(f, logs / f.name)
+    agents = run_dir / "agents"  # each agent's own measurements, for whoever digs deeper
+    for f in workdir.glob("agent-*.json"):
+        if not f.name.endswith(".config.json"):
+            agents.mkdir(exist_ok=True)
+            shutil.copy2(f, agents / f.name.removeprefix("agent-"))

@@ -156,8 +156,8 @@ class SnapshotCollector:
         self.frozen: Snapshot | None = None
         self._lock = threading.Lock()  # one read at a time: the reader keeps handles and deltas
 
-    def freeze(self, snap: Snapshot) -> None:
-        self.frozen = snap
+    def freeze(self, snap: Snapshot | None) -> None:
+        self.frozen = snap  # None: live again (a lab's next run)
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
@@ -180,7 +180,7 @@ class MetricsServer:
     def url(self) -> str:
         return f"http://{LISTEN_HOST}:{self.port}/metrics"
 
-    def freeze(self, snap: Snapshot) -> None:
+    def freeze(self, snap: Snapshot | None) -> None:
         self.collector.freeze(snap)
 
     def stop(self) -> None:

@@ -1,6 +1,6 @@
 """The run's side of live views: write the live manifest as the run moves on, and serve the
-Prometheus exporter from it. `fabric-emu run` uses it; a `lab` that keeps a fabric up would call
-the same four steps (start, traffic_started, traffic_ended, close).
+Prometheus exporter from it. `fabric-emu run` uses it, and `fabric-emu lab`, which keeps a fabric
+up, calls traffic_started and traffic_ended once per run between start and close.
 """
 
 from __future__ import annotations
@@ -47,9 +47,13 @@ class RunPublisher:
         self.record.save()
 
     def traffic_started(self, before: list) -> None:
-        """Counters count from here (the run's `before` snapshot: PortCounters rows)."""
+        """Counters count from here (the run's `before` snapshot: PortCounters rows). In a lab
+        this starts its next run: the previous run's final counters stop being shown."""
         self.manifest.baseline = [asdict(c) for c in before]
+        self.manifest.final = self.manifest.ended = self.manifest.go = None
         self.manifest.save()
+        if self.server is not None:
+            self.server.freeze(None)
 
     def go(self, t: float) -> None:
         self.manifest.go = t

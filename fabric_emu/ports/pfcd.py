@@ -236,6 +236,10 @@ class Daemon:
                 self.maps.table.add(port_id, "paused_ns", now_ns - since, LOSSLESS)
                 self.maps.table.set(port_id, "paused_since", 0, LOSSLESS)
                 self.intervals[port.intf][-1][1] = now_ns / 1e9
+                try:  # a lab restarts the daemon with the fabric up: leave no gate closed
+                    self.gates[port_id].set(True)
+                except OSError:
+                    pass
         for s in (self.tx, *self.kick.values(), *self.netlink.values()):
             s.close()
         self.ring.close()

@@ -12,11 +12,12 @@ import select
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from fabric_emu.ports import datapath
 from fabric_emu.ports.layout import NPRIO, PORT_ECN, PORT_PFC
-from fabric_emu.ports.model import PortPlan, bpf_config
+from fabric_emu.ports.model import PortPlan, PortSettings, bpf_config
 from fabric_emu.ports.pfcd import Config, DaemonPort
 from fabric_emu.records import RunRecord
 
@@ -32,9 +33,11 @@ class LosslessPorts:
         self.maps: datapath.PortMaps | None = None
         self.daemon: subprocess.Popen | None = None
         self.stats_path = workdir / "pfcd-stats.json"
+        self.netns_of: dict[str, str | None] = {}
 
     def start(self, netns_of: dict[str, str | None]) -> None:
         """Install the programs on every link end and start the PFC daemon."""
+        self.netns_of = netns_of
         self.record.paths.append(str(self.pins))  # before anything is pinned: kill -9 safe
         self.record.save()
         datapath.load(self.record.run_id)
@@ -65,8 +68,26 @@ class LosslessPorts:
         if not ready or self.daemon.stdout.readline().strip() != "READY":
             raise RuntimeError("the PFC daemon did not start (see logs/pfcd.log)")
 
-    def stop(self) -> dict:
-        """Stop the daemon; returns what it logged (pause intervals, reaction times)."""
+    def reconfigure(self, switch: PortSettings) -> None:
+        """New ECN and PFC settings on every switch port, with the fabric up and no traffic (a
+        lab's knobs): the programs read the map per packet; the PFC daemon, which knows which
+        ports send pauses and with what quanta, is restarted. The kernel FIFOs stay as built."""
+        assert self.maps is not None
+        self.ports = replace(self.ports, switch=replace(switch, fifo_limits=self.ports.switch.fifo_limits))
+        for end in self.ports.ends:
+            if end.role == "switch":
+                datapath.configure(self.maps, end.id, bpf_config(self.ports.switch))
+        self.restart_daemon()
+
+    def restart_daemon(self) -> dict:
+        """A fresh PFC daemon; returns what the stopped one logged (a lab run's pauses)."""
+        stats = self._stop_daemon()
+        old = self.daemon.pid if self.daemon is not None else None
+        self.record.processes = [p for p in self.record.processes if p.pid != old]
+        self._start_daemon(self.netns_of)
+        return stats
+
+    def _stop_daemon(self) -> dict:
         stats: dict = {}
         died = self.daemon is not None and self.daemon.poll() is not None  # before we stopped it
         if self.daemon is not None and self.daemon.poll() is None:
@@ -78,8 +99,14 @@ class LosslessPorts:
                 self.daemon.wait()
         if self.stats_path.exists():
             stats = json.loads(self.stats_path.read_text())
+            self.stats_path.unlink()  # a restarted daemon's log is its own
         if died:
             stats["died"] = f"exit code {self.daemon.returncode}"
+        return stats
+
+    def stop(self) -> dict:
+        """Stop the daemon; returns what it logged (pause intervals, reaction times)."""
+        stats = self._stop_daemon()
         if self.maps is not None:
             self.maps.close()
             self.maps = None

@@ -1,0 +1,117 @@
+"""What the lab's `ports`, `queues`, `flows` and `knobs` print: rich tables from the live
+snapshot (fabric_emu.live.reader), the installed thresholds and the last run's measurements."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from fabric_emu.live.snapshot import Snapshot
+
+
+def read_csv_rows(path: Path) -> list[dict]:
+    import csv
+
+    try:
+        with open(path) as f:
+            return list(csv.DictReader(f))
+    except OSError:
+        return []
+
+
+def _kb(n: float) -> str:
+    return f"{n / 1e3:,.1f}"
+
+
+def operstate(intf: str) -> str:
+    try:
+        return Path(f"/sys/class/net/{intf}/operstate").read_text().strip()
+    except OSError:
+        return "?"
+
+
+def print_ports(out: Console, snap: Snapshot, switch: str | None) -> None:
+    """Every switch port's counters: of the last run when it is over (its ports.csv), live
+    while one runs, from the ports' creation before the first."""
+    since = {"done": "of the last run", "traffic": "of the run going on",
+             "setup": "since the fabric was built"}[snap.phase]
+    t = Table(title=f"switch ports, counters {since}", title_justify="left")
+    for col in ("port", "peer", "link", "tx MB", "tx pkts", "drops", "ECN marked", "pause tx", "pause rx",
+                "paused us"):
+        t.add_column(col, justify="left" if col in ("port", "peer", "link") else "right")
+    for p in snap.ports:
+        if switch and p.switch != switch:
+            continue
+        c = p.get
+        t.add_row(p.intf, p.peer, operstate(p.intf), f"{c('tx_bytes') / 1e6:,.2f}", f"{c('tx_packets'):,}",
+                  f"{c('drops'):,}", f"{c('ecn_marked'):,}", f"{c('pause_tx_p3'):,}", f"{c('pause_rx_p3'):,}",
+                  f"{p.counters.get('paused_fabric_us_p3', 0):,.0f}")
+    out.print(t)
+
+
+def print_queues(out: Console, last_run: Path | None, thresholds: list[dict]) -> None:
+    """The RoCE class's queues: the thresholds installed now, and the deepest each switch port's
+    queue got in the last run (ports.csv max_backlog_bytes)."""
+    if thresholds:
+        th = thresholds[0]
+        ecn = f"ECN on, kmin {_kb(th['kmin'])} KB, kmax {_kb(th['kmax'])} KB, pmax {th['pmax']:g}" if th["ecn"] else "ECN off"
+        pfc = f"PFC on, xoff {_kb(th['xoff'])} KB, xon {_kb(th['xon'])} KB" if th["pfc"] else "PFC off"
+        out.print(f"switch ports now: {ecn}; {pfc}; buffer {_kb(th['limit_p0'])} KB per queue", highlight=False)
+    if last_run is None:
+        out.print("no run yet: `run` something, then `queues` shows how deep each queue got")
+        return
+    rows = read_csv_rows(last_run / "ports.csv")
+    busy = [r for r in rows if int(float(r.get("max_backlog_bytes") or 0)) > 0]
+    t = Table(title=f"queues of the last run ({last_run.name}): ports that queued", title_justify="left")
+    for col in ("port", "peer", "max queue KB", "ECN marked", "drops", "pause tx", "pause rx"):
+        t.add_column(col, justify="left" if col in ("port", "peer") else "right")
+    for r in sorted(busy, key=lambda r: -float(r["max_backlog_bytes"])):
+        marked = sum(int(float(r.get(f"ecn_marked_p{p}") or 0)) for p in (0, 3, 6))
+        t.add_row(r["intf"], r["peer"], _kb(float(r["max_backlog_bytes"])), f"{marked:,}", r.get("drops", "0"),
+                  r.get("pause_tx_p3", "0"), r.get("pause_rx_p3", "0"))
+    out.print(t if busy else "no queue built up in the last run")
+
+
+def print_flows(out: Console, last_run: Path | None, snap: Snapshot | None) -> None:
+    """The last run's queue pairs (flows.csv): path, bytes, completion and rates."""
+    if snap is not None and snap.phase == "traffic" and snap.qps:
+        out.print(f"{len(snap.qps)} QPs sending now (see `fabric-emu top`)")
+    if last_run is None:
+        out.print("no run yet")
+        return
+    rows = read_csv_rows(last_run / "flows.csv")
+    t = Table(title=f"queue pairs of the last run ({last_run.name})", title_justify="left")
+    for col in ("src", "dst", "qpn", "udp src", "uplink", "MB", "completion us", "goodput Gb/s",
+                "min rate Gb/s", "CNPs rx", "retx"):
+        t.add_column(col, justify="left" if col in ("src", "dst", "uplink") else "right")
+
+    def num(v: str | None, fmt: str) -> str:
+        return format(float(v), fmt) if v not in (None, "") else "-"
+
+    for r in rows:
+        t.add_row(r["src"], r["dst"], r["qpn"], r["udp_src"], r.get("uplink") or "-",
+                  f"{float(r['bytes']) / 1e6:.2f}",
+                  num(r.get("completion_fabric_us"), ",.0f"), num(r.get("goodput_gbps"), ".1f"),
+                  num(r.get("min_rate_gbps"), ".1f"), r.get("cnp_received", "0"), r.get("retransmitted", "0"))
+    out.print(t)
+
+
+def print_knobs(out: Console, spec, lb_mode: str, links_down: list[str]) -> None:
+    """The settings the next run gets."""
+    e, p = spec.ecn, spec.pfc
+    dq = {k: v for k, v in spec.dcqcn.model_dump(exclude={"preset"}).items() if v is not None}
+    rows = [
+        ("load balancing", f"{lb_mode} (controller, live)"),
+        ("ECN", f"{'on' if e.enabled else 'off'}: kmin {e.kmin} B, kmax {e.kmax} B, pmax {e.pmax:g}"),
+        ("PFC", f"{'on' if p.enabled else 'off'}: xoff {p.xoff} B, xon {p.xon} B, headroom {p.headroom} B"),
+        ("congestion control", spec.congestion_control),
+        ("DCQCN", f"preset {spec.dcqcn.preset}" + "".join(f", {k}={v}" for k, v in dq.items())),
+        ("workload", " + ".join(w.type for w in spec.jobs)),
+        ("links down", ", ".join(links_down) or "none"),
+    ]
+    t = Table(show_header=False, box=None)
+    for k, v in rows:
+        t.add_row(k, v)
+    out.print(t)
