@@ -24,13 +24,14 @@ _FIELDS: list[tuple[str, int]] = [
     ("allowed", MAX_LEAVES), ("window_start", 1),
     ("bytes_cur", MAX_UPLINKS), ("bytes_prev", MAX_UPLINKS),
     ("flowlets", MAX_UPLINKS), ("moves", MAX_UPLINKS), ("packets", MAX_UPLINKS), ("bytes", MAX_UPLINKS),
+    ("next_start", 1),
 ]
 OFFSET: dict[str, int] = {}
 _at = 0
 for _name, _n in _FIELDS:
     OFFSET[_name] = _at
     _at += _n
-WORDS = _at  # 357 words, 2856 bytes
+WORDS = _at  # 358 words, 2864 bytes
 COUNTERS = ("flowlets", "moves", "packets", "bytes")
 
 

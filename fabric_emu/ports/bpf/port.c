@@ -161,6 +161,8 @@ struct dlb_leaf {
 	__u64 moves[DLB_MAX_UPLINKS];	/* of them, flowlets of a flow whose last one took another */
 	__u64 packets[DLB_MAX_UPLINKS];
 	__u64 bytes[DLB_MAX_UPLINKS];
+	/* state (the program), after the counters so the layout above stays */
+	__u64 next_start;	/* where the next flowlet's search starts: ties go round-robin */
 };
 
 struct {
@@ -422,7 +424,9 @@ static __always_inline int dlb_uplink(struct iphdr *ip, struct udphdr *udp, __u3
 			}
 		}
 		__u64 best = ~0ULL;
-		__u32 first = bpf_ntohs(udp->source) + ip->saddr;	/* ties: flows start apart */
+		/* Ties (equal loads: flowlets that start at once, before either is counted, on two
+		 * CPUs) go round-robin: each new flowlet starts its search one uplink further. */
+		__u32 first = (__u32)__sync_fetch_and_add(&leaf->next_start, 1);
 		up = DLB_MAX_UPLINKS;
 		for (int k = 0; k < DLB_MAX_UPLINKS; k++) {
 			if (k >= n)
