@@ -84,6 +84,7 @@ def ring_allreduce(p: Program, job: str, hosts: Sequence[str], size: int, entry:
 
 def ring_reducescatter(p: Program, job: str, hosts: Sequence[str], size: int, entry: Entry, *,
                        stream: str = "ring", cat: str | None = None, step: int = 0, qps: int = 1) -> Exit:
+    """n-1 ring steps of S/n: in step k rank r sends chunk r-k (all-gather moves the same bytes)."""
     n = len(hosts)
     if n < 2:
         return _passthrough(hosts, entry)
@@ -91,13 +92,7 @@ def ring_reducescatter(p: Program, job: str, hosts: Sequence[str], size: int, en
     return _ring_steps(p, job, hosts, entry, lambda r, k: chunks[(r - k) % n], n - 1, stream, cat, step, qps)
 
 
-def ring_allgather(p: Program, job: str, hosts: Sequence[str], size: int, entry: Entry, *,
-                   stream: str = "ring", cat: str | None = None, step: int = 0, qps: int = 1) -> Exit:
-    n = len(hosts)
-    if n < 2:
-        return _passthrough(hosts, entry)
-    chunks = chunk_sizes(size, n)
-    return _ring_steps(p, job, hosts, entry, lambda r, k: chunks[(r - k) % n], n - 1, stream, cat, step, qps)
+ring_allgather = ring_reducescatter  # the same messages; only what the data means differs
 
 
 def halving_doubling_segments(n: int, rank: int) -> list[tuple[int, tuple[int, int]]]:

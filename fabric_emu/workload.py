@@ -23,6 +23,7 @@ from fabric_emu.agent.config import (AgentConfig, DcqcnConfig, EngineConfig, Flo
                                      TransportConfig)
 from fabric_emu.config import AllReduceWorkload, ExperimentSpec
 from fabric_emu.plan import FabricPlan
+from fabric_emu.program import Program
 from fabric_emu.records import RunRecord
 
 START_DELAY_S = 0.5  # between GO and the common start time, so every engine is waiting
@@ -33,14 +34,19 @@ MIN_TICK_S, MAX_TICK_S = 2e-3, 20e-3
 
 def program_configs(spec: ExperimentSpec, plan: FabricPlan) -> dict[str, ProgramConfig]:
     """Each host's part of the run's Program (fabric_emu.jobs), compute times made emulated."""
-    program = jobs.build_program(jobs.resolve_jobs(spec, plan))
+    return host_programs(jobs.build_program(jobs.resolve_jobs(spec, plan)), plan.dilation)
+
+
+def host_programs(program: Program, dilation: float) -> dict[str, ProgramConfig]:
+    """Each host's ops as its NIC engine takes them: dependencies as indices into the host's
+    own ops, compute times x dilation; every host gets every channel (the QP table)."""
     channels = tuple(ProgramChannel(src=c.src, dst=c.dst, qps=c.qps) for c in program.channels)
     out = {}
     for h in program.hosts:
         ops = program.host_ops(h)
         local = {o.id: i for i, o in enumerate(ops)}
         out[h] = ProgramConfig(type="program", channels=channels, ops=tuple(
-            ProgramOp(kind=o.kind, channel=o.channel, nbytes=o.nbytes, seconds=o.seconds * plan.dilation,
+            ProgramOp(kind=o.kind, channel=o.channel, nbytes=o.nbytes, seconds=o.seconds * dilation,
                       deps=tuple(local[d] for d in o.deps)) for o in ops))
     return out
 

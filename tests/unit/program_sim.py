@@ -6,9 +6,9 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from fabric_emu.agent.config import ProgramChannel, ProgramConfig, ProgramOp
 from fabric_emu.agent.program import ProgramRunner
 from fabric_emu.program import Program
+from fabric_emu.workload import host_programs
 
 
 @dataclass
@@ -55,22 +55,10 @@ class Wire:
         heapq.heappush(self.events, (end + self.latency, self._n, *self.route[(host, q)]))
 
 
-def configs(p: Program, dilation: float = 1.0) -> dict[str, ProgramConfig]:
-    channels = tuple(ProgramChannel(src=c.src, dst=c.dst, qps=c.qps) for c in p.channels)
-    out = {}
-    for h in p.hosts:
-        ops = p.host_ops(h)
-        local = {o.id: i for i, o in enumerate(ops)}
-        out[h] = ProgramConfig(type="program", channels=channels, ops=tuple(
-            ProgramOp(kind=o.kind, channel=o.channel, nbytes=o.nbytes, seconds=o.seconds * dilation,
-                      deps=tuple(local[d] for d in o.deps)) for o in ops))
-    return out
-
-
 def run(p: Program, rate_Bps: float = 1e9, latency_s: float = 0.0, limit_s: float = 1e6):
     """Run to completion; returns (runners by host, nics by host, end time). Raises on deadlock."""
     wire = Wire(rate_Bps, latency_s)
-    cfgs = configs(p)
+    cfgs = host_programs(p, 1.0)
     runners: dict[str, ProgramRunner] = {}
     # The QP table in channel order: QP k of channel c is send QP i of src and recv QP j of dst.
     nsend: dict[str, int] = {}
