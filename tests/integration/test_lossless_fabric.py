@@ -54,7 +54,9 @@ def test_incast_with_pfc_loses_nothing_and_pauses_spread_upstream(incast):
     assert r.returncode == 0, r.stdout + r.stderr
     s = read_json(run_dir / "summary.json")
     assert s["status"] == "ok", s.get("error")
-    assert s["switch"]["lossless_drops"] == 0 and s["switch"]["drops"] == 0, (s["switch"], s.get("pfc_reaction"))
+    dropped = [{k: v for k, v in row.items() if k == "intf" or ("drop" in k and v not in ("0", ""))}
+               for row in read_csv(run_dir / "ports.csv") if any("drop" in k and v not in ("0", "") for k, v in row.items())]
+    assert s["switch"]["lossless_drops"] == 0 and s["switch"]["drops"] == 0, (dropped, s["switch"], s.get("pfc_reaction"))
     t = s["transport"]
     assert t["delivered_fraction"] == 1.0 and t["lost_packets"] == 0 and t["retransmitted_packets"] == 0
     ports = read_csv(run_dir / "ports.csv")
