@@ -18,7 +18,7 @@ from fabric_emu.collectives import allreduce_busbw
 from fabric_emu.config import AllReduceWorkload, ExperimentSpec
 from fabric_emu.counters import totals
 from fabric_emu.events import failovers
-from fabric_emu.fidelity import loss_note, verdict
+from fabric_emu.fidelity import verdict
 from fabric_emu.plan import ETH_HEADER, FabricPlan
 from fabric_emu.ports.model import settings_of
 from fabric_emu.ports.report import daemon_warnings, lossless_warnings, reaction_summary
@@ -294,17 +294,16 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
         summary["transport"]["by_host"] = nic_rows(agents)
     cpu = traffic.get("cpu") or {}
     late = engine_lateness(agents)
-    drops = summary.get("switch", {}).get("drops", 0)
     links_failed = any(e.get("kind") == "link" and e.get("state") == "down" and e.get("ok")
                        for e in traffic.get("events") or [])
     # A link taken down loses what was on it, where no switch queue counts it: expected.
-    warnings = verdict(cpu, list(late.values()), 0 if links_failed else unexplained, drops)
+    warnings = verdict(cpu, list(late.values()), 0 if links_failed else unexplained)
     if ports:
         ecn, pfc = settings_of(spec)
         link_Bps = max(ln.emulated_bps for ln in plan.links) / 8
         warnings += lossless_warnings(ports, asdict(ecn), pfc, reaction, link_Bps, plan.mtu + ETH_HEADER)
         warnings += daemon_warnings(traffic.get("pfc_daemon") or {})
-    note = loss_note(unexplained, drops)
+    note = None
     if links_failed and unexplained:
         note = (f"{unexplained} packet(s) were lost where no switch counter saw them: on the "
                 "link(s) taken down, with what their queues held (RC resent them)")

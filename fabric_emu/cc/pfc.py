@@ -26,6 +26,13 @@ def pause_seconds(quanta: int, link_gbps: float, dilation: float = 1.0) -> float
     return quanta * QUANTUM_BITS / (link_gbps * 1e9) * dilation
 
 
+# Every this often (wall seconds) the PFC daemon checks its senders against the ports'
+# xoff_state, which the port programs keep exact: an XOFF or XON event the ring buffer had no
+# room for (the daemon was off a CPU) must not leave a port unpaused, or worse, pausing its
+# upstream forever.
+RECONCILE_S = 0.05
+
+
 @dataclass
 class PauseSender:
     """The pause frames one ingress port sends upstream. Methods return the quanta to send."""
@@ -46,6 +53,12 @@ class PauseSender:
         self.asserted = False
         self.next_refresh = None
         return [0]
+
+    def on_level(self, xoff: bool, now: float) -> list[int]:
+        """The port's xoff_state as the programs keep it: catch up on a lost XOFF or XON event."""
+        if xoff == self.asserted:
+            return []
+        return self.on_xoff(now) if xoff else self.on_xon(now)
 
     def on_timer(self, now: float) -> list[int]:
         if not self.asserted or self.next_refresh is None or now < self.next_refresh:

@@ -27,7 +27,7 @@ FIELDS: tuple[tuple[str, int], ...] = (
     ("max_queue", NPRIO), ("max_held", NPRIO),
     ("lossless_drops", 1), ("xoff_crossings", 1), ("xon_crossings", 1),
     ("pause_tx", NPRIO), ("pause_rx", NPRIO), ("paused_ns", NPRIO), ("paused_since", NPRIO),
-    ("reserved", 13),
+    ("events_lost", 1), ("reserved", 12),
 )
 
 
@@ -45,7 +45,7 @@ OFFSETS = _offsets()  # name -> (index of its first u64, count)
 # Counters a reader takes, per priority or per port (config and state are not counters).
 PER_PRIO_COUNTERS = ("tx_packets", "tx_bytes", "drops", "marked", "max_queue", "max_held",
                      "pause_tx", "pause_rx", "paused_ns")
-PORT_COUNTERS = ("lossless_drops", "xoff_crossings", "xon_crossings")
+PORT_COUNTERS = ("lossless_drops", "xoff_crossings", "xon_crossings", "events_lost")
 
 
 @dataclass(frozen=True)

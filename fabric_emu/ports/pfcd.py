@@ -33,7 +33,7 @@ from pathlib import Path
 
 from pyroute2 import netns as pr_netns
 
-from fabric_emu.cc.pfc import PauseReceiver, PauseSender, REFRESH_FRACTION, pause_seconds, pfc_frame
+from fabric_emu.cc.pfc import RECONCILE_S, PauseReceiver, PauseSender, REFRESH_FRACTION, pause_seconds, pfc_frame
 from fabric_emu.ports import bpfsys, queues
 from fabric_emu.ports.datapath import PortMaps
 from fabric_emu.ports.layout import EV_PFC_RX, EV_XOFF, EV_XON, NO_PORT, Event
@@ -139,7 +139,8 @@ class Daemon:
         self.crossed_at: dict[int, int] = {}  # ingress port -> ns of its unanswered XOFF
         self.intervals: dict[str, list[list[float]]] = {}
         self.reactions_s: list[float] = []
-        self.frames_sent = self.frames_received = self.events = 0
+        self.frames_sent = self.frames_received = self.events = self.repaired = 0
+        self.next_reconcile = 0.0
         self.errors: list[str] = []
 
     def _pause_s(self, port: DaemonPort, quanta: int) -> float:
@@ -180,8 +181,19 @@ class Daemon:
             action = self.receivers[receiver].on_frame(now, self._pause_s(self.ports[receiver], ev.quanta))
             self._gate(receiver, action, sender=ev.port)
 
+    def _reconcile(self, now: float) -> None:
+        """Bring every sender in line with its port's xoff_state (events lost on the way)."""
+        for port_id, s in self.senders.items():
+            quanta = s.on_level(bool(self.maps.table.get(port_id, "xoff_state")), now)
+            if quanta:
+                self.repaired += 1
+                self._send(port_id, quanta)
+
     def _timers(self, now: float) -> float | None:
-        deadlines = []
+        if now >= self.next_reconcile:
+            self._reconcile(now)
+            self.next_reconcile = now + RECONCILE_S
+        deadlines = [self.next_reconcile]
         for port_id, s in self.senders.items():
             self._send(port_id, s.on_timer(now))
             if s.next_refresh is not None:
@@ -240,13 +252,15 @@ class Daemon:
                     self.gates[port_id].set(True)
                 except OSError:
                     pass
+        events_lost = sum(self.maps.table.get(p, "events_lost") for p in self.ports)
         for s in (self.tx, *self.kick.values(), *self.netlink.values()):
             s.close()
         self.ring.close()
         self.maps.close()
         return {"intervals": self.intervals, "reaction_s": self.reactions_s,
                 "frames_sent": self.frames_sent, "frames_received": self.frames_received,
-                "events": self.events, "errors": self.errors[:20]}
+                "events": self.events, "errors": self.errors[:20],
+                "events_lost": events_lost, "repaired": self.repaired}
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from fabric_emu.cc.pfc import RECONCILE_S
 from fabric_emu.plan import FabricPlan
 from fabric_emu.ports.model import PfcSettings, port_ends
 
@@ -51,6 +52,10 @@ def daemon_warnings(daemon: dict) -> list[str]:
     if daemon.get("died"):
         out.append(f"the PFC daemon stopped during the run ({daemon['died']}): pauses after that were"
                    " neither sent nor obeyed; see logs/pfcd.log")
+    if daemon.get("events_lost"):
+        out.append(f"the PFC daemon fell behind: {daemon['events_lost']} threshold or pause event(s) found"
+                   " its ring buffer full; it caught up from the ports' state within"
+                   f" {RECONCILE_S * 1e3:.0f} ms each time, so some pauses started or ended late")
     if daemon.get("errors"):
         out.append(f"the PFC daemon failed to act on {len(daemon['errors'])} event(s), the first:"
                    f" {daemon['errors'][0]}")

@@ -178,3 +178,24 @@ def test_lossy_class_tail_drops_at_its_limit(port: Port) -> None:
     assert queued == kernel <= limit
     assert drops == 40 - queued // 1042 - 1  # the rest; one frame left as the gate closed
     assert queues.class_stats(port.pair.tx_if, port.tx_ns_path)[3].drops == 0  # the programs drop first
+
+
+IP_RECVERR = 11  # <linux/in.h>: report the device's verdict on each datagram to sendto()
+
+
+def test_a_dropped_frame_is_a_successful_send_for_the_sender(port: Port) -> None:
+    """Open vSwitch sends a switch's output with one sendmmsg() per batch, and discards the rest
+    of the batch, uncounted, when one send fails. A frame the port program drops must therefore
+    look sent to the sender (TC_ACT_STOLEN): with TC_ACT_SHOT each drop is an ENOBUFS here."""
+    datapath.configure(port.maps, 0, {"limit": [20_000] * 8})
+    port.gate(False)
+    time.sleep(0.05)
+    port.tx.setsockopt(socket.IPPROTO_IP, IP_RECVERR, 1)
+    try:
+        port.send(b"d" * 1000, ROCE_TOS, 40)  # raises ENOBUFS at the first drop if the send failed
+    finally:
+        port.tx.setsockopt(socket.IPPROTO_IP, IP_RECVERR, 0)
+    drops = port.maps.table.get(0, "drops", 3)
+    port.gate(True)
+    port.receive_all()
+    assert drops > 10  # the queue refused frames, and the sender never heard of it

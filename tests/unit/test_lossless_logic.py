@@ -49,6 +49,16 @@ def test_sender_pauses_refreshes_while_asserted_and_resumes_once() -> None:
     assert s.on_timer(5.0) == []  # no refresh after the resume
 
 
+def test_sender_catches_up_with_the_port_state_when_an_event_was_lost() -> None:
+    s = PauseSender(quanta=0xFFFF, refresh_s=0.3)
+    assert s.on_level(False, 0.0) == []  # in line: nothing to send
+    assert s.on_level(True, 0.1) == [0xFFFF] and s.asserted  # the XOFF event was lost
+    assert s.on_level(True, 0.2) == []
+    assert s.on_timer(0.4) == [0xFFFF]  # refreshed like any pause
+    assert s.on_level(False, 0.5) == [0] and not s.asserted  # the XON was lost: resume, once
+    assert s.on_timer(5.0) == [] and s.on_level(False, 5.0) == []
+
+
 def test_receiver_pauses_extends_expires_and_resumes_on_zero() -> None:
     r = PauseReceiver()
     assert r.on_frame(0.0, 0.5) == "close"
@@ -213,3 +223,6 @@ def test_a_dead_or_failing_pfc_daemon_is_a_warning() -> None:
     assert "stopped during the run (exit code -9)" in w
     (w,) = daemon_warnings({"errors": ["event X: [Errno 19] No such device"]})
     assert "failed to act on 1 event(s)" in w
+    (w,) = daemon_warnings({"events_lost": 3, "repaired": 2})
+    assert "fell behind: 3 threshold or pause event(s)" in w
+    assert daemon_warnings({"events_lost": 0, "repaired": 1}) == []  # a race with the ring, not a loss

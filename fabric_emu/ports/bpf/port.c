@@ -55,6 +55,13 @@
 #define HTB_MAJOR 0x10000
 #define CLASS_MINOR_BASE 0x10 /* class 1:10 + priority */
 #define QP_MINOR_BASE 0x100	/* queue pair k: mark and class minor 0x100 + k */
+/* Drops at egress return TC_ACT_STOLEN, not TC_ACT_SHOT: Open vSwitch sends a switch's output
+ * in batches with one sendmmsg(), and a SHOT makes that call fail (ENOBUFS), upon which OVS
+ * discards the rest of the batch, uncounted. Those frames were already charged to their ingress
+ * port, so a single drop leaked up to 31 frames of buffer for good: a port left above xon
+ * pauses its upstream forever (a PFC deadlock the emulator made, not the fabric). STOLEN frees
+ * the frame and reports success, so every other frame of the batch goes on, as in a switch
+ * whose queue drops one frame. */
 #define TAG0 0x0e
 #define TAG1 0xfe
 
@@ -92,7 +99,8 @@ struct port {
 	__u64 pause_rx[NPRIO];
 	__u64 paused_ns[NPRIO];
 	__u64 paused_since[NPRIO];
-	__u64 reserved[13];
+	__u64 events_lost;	/* events about this port the ring buffer had no room for */
+	__u64 reserved[12];
 };
 _Static_assert(sizeof(struct port) == 1024, "struct port must stay 1024 bytes");
 
@@ -123,7 +131,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 1 << 16);
+	__uint(max_entries, 1 << 20);	/* ~26,000 events: the daemon may be off a CPU for a while */
 } events SEC(".maps");
 
 /* Dynamic load balancing (flowlet switching) of a leaf, for the RoCE traffic its hosts send to
@@ -220,13 +228,14 @@ static __always_inline void pull_headers(struct __sk_buff *skb)
 		bpf_skb_pull_data(skb, need);
 }
 
-static __always_inline void emit(__u32 type, __u32 port, __u32 quanta, __u32 vector, __u64 bytes)
+static __always_inline void emit(struct port *p, __u32 type, __u32 port, __u32 quanta, __u32 vector, __u64 bytes)
 {
 	struct event ev = {
 		.time_ns = bpf_ktime_get_ns(), .type = type, .port = port,
 		.quanta = quanta, .vector = vector, .bytes = bytes,
 	};
-	bpf_ringbuf_output(&events, &ev, sizeof(ev), 0);
+	if (bpf_ringbuf_output(&events, &ev, sizeof(ev), 0) && p)
+		__sync_fetch_and_add(&p->events_lost, 1);
 }
 
 /* RED as DCQCN deployments use it, on the instantaneous depth: 0 up to kmin, rising linearly
@@ -279,11 +288,11 @@ int switch_egress(struct __sk_buff *skb)
 			__sync_fetch_and_sub(&in->held[prio], len);
 			__sync_fetch_and_add(&out->drops[prio], 1);
 			__sync_fetch_and_add(&out->lossless_drops, 1);
-			return TC_ACT_SHOT;
+			return TC_ACT_STOLEN;	/* see "Drops at egress" */
 		}
 	} else if (!lossless && out->queue[prio] + len > out->limit[prio]) {
 		__sync_fetch_and_add(&out->drops[prio], 1);
-		return TC_ACT_SHOT;
+		return TC_ACT_STOLEN;
 	}
 
 	__u64 depth = out->queue[prio];	/* the class's depth as this packet arrives */
@@ -349,7 +358,7 @@ static __always_inline int ingress(struct __sk_buff *skb, int at_switch)
 			/* A MAC control frame ends at the MAC: report PFC, never deliver. */
 			struct pfc_frame *f = (void *)(eth + 1);
 			if ((void *)(f + 1) <= end && f->opcode == bpf_htons(PFC_OPCODE))
-				emit(EV_PFC_RX, out_id, bpf_ntohs(f->time[PRIO_LOSSLESS]), bpf_ntohs(f->vector), 0);
+				emit(bpf_map_lookup_elem(&ports, &out_id), EV_PFC_RX, out_id, bpf_ntohs(f->time[PRIO_LOSSLESS]), bpf_ntohs(f->vector), 0);
 			return TC_ACT_SHOT;
 		}
 		struct port *out = bpf_map_lookup_elem(&ports, &out_id);
@@ -361,7 +370,7 @@ static __always_inline int ingress(struct __sk_buff *skb, int at_switch)
 				if (held < in->xon && in->xoff_state &&
 				    __sync_val_compare_and_swap(&in->xoff_state, 1, 0) == 1) {
 					__sync_fetch_and_add(&in->xon_crossings, 1);
-					emit(EV_XON, in_id, 0, 0, held);
+					emit(in, EV_XON, in_id, 0, 0, held);
 				}
 			}
 		}
@@ -380,7 +389,7 @@ static __always_inline int ingress(struct __sk_buff *skb, int at_switch)
 		me->max_held[prio] = held;
 	if (held >= me->xoff && __sync_val_compare_and_swap(&me->xoff_state, 0, 1) == 0) {
 		__sync_fetch_and_add(&me->xoff_crossings, 1);
-		emit(EV_XOFF, me_id, 0, 0, held);
+		emit(me, EV_XOFF, me_id, 0, 0, held);
 	}
 	return TC_ACT_OK;
 }
