@@ -47,22 +47,30 @@ def bytes_per_rank(collective: str, size: int, n: int) -> float:
     return busbw_factor(collective, n) * size
 
 
-def _ring_steps(p: Program, job: str, hosts: Sequence[str], entry: Entry, sizes: Callable[[int, int], int],
-                steps: int, stream: str, cat: str | None, step: int, qps: int) -> Exit:
-    """`steps` ring steps: in step k rank r sends sizes(r, k) bytes to r+1 once it has received
-    step k-1 from r-1."""
-    n = len(hosts)
+def _stepwise(p: Program, job: str, hosts: Sequence[str], entry: Entry, moves: list[list[tuple[int, int]]],
+              stream: str, cat: str | None, step: int, qps: int) -> Exit:
+    """Lock-step exchanges: at step k rank r sends moves[k][r] = (peer rank, bytes) once it has
+    received its message of step k-1 (the first step waits for `entry`)."""
     last_recv: dict[str, int] = {}
     last_send: dict[str, int] = {}
-    for k in range(steps):
+    for k, step_moves in enumerate(moves):
         got: dict[str, int] = {}
-        for r, h in enumerate(hosts):
+        for r, (peer, nbytes) in enumerate(step_moves):
+            h = hosts[r]
             deps = entry.get(h, []) if k == 0 else [last_recv[h]]
-            s, rcv = p.transfer(job, stream, h, hosts[(r + 1) % n], sizes(r, k), deps, cat, step, qps)
+            s, rcv = p.transfer(job, stream, h, hosts[peer], nbytes, deps, cat, step, qps)
             last_send[h] = s
-            got[hosts[(r + 1) % n]] = rcv
+            got[hosts[peer]] = rcv
         last_recv = got
     return {h: [last_send[h], last_recv[h]] for h in hosts}
+
+
+def _ring_steps(p: Program, job: str, hosts: Sequence[str], entry: Entry, sizes: Callable[[int, int], int],
+                steps: int, stream: str, cat: str | None, step: int, qps: int) -> Exit:
+    """`steps` ring steps: in step k rank r sends sizes(r, k) bytes to r+1."""
+    n = len(hosts)
+    moves = [[((r + 1) % n, sizes(r, k)) for r in range(n)] for k in range(steps)]
+    return _stepwise(p, job, hosts, entry, moves, stream, cat, step, qps)
 
 
 def _passthrough(hosts: Sequence[str], entry: Entry) -> Exit:
@@ -136,18 +144,7 @@ def halving_doubling_allreduce(p: Program, job: str, hosts: Sequence[str], size:
     for k in reversed(range(steps)):
         # at all-gather step k a rank sends what its partner sent it at reduce-scatter step k
         plan.append([(segs[r][k][0], seg_bytes(*segs[segs[r][k][0]][k][1])) for r in range(n)])
-    last_recv: dict[str, int] = {}
-    last_send: dict[str, int] = {}
-    for k, moves in enumerate(plan):
-        got: dict[str, int] = {}
-        for r, (partner, nbytes) in enumerate(moves):
-            h = hosts[r]
-            deps = entry.get(h, []) if k == 0 else [last_recv[h]]
-            s, rcv = p.transfer(job, stream, h, hosts[partner], nbytes, deps, cat, step, qps)
-            last_send[h] = s
-            got[hosts[partner]] = rcv
-        last_recv = got
-    return {h: [last_send[h], last_recv[h]] for h in hosts}
+    return _stepwise(p, job, hosts, entry, plan, stream, cat, step, qps)
 
 
 def alltoall(p: Program, job: str, hosts: Sequence[str], size: int, entry: Entry, *,
