@@ -18,6 +18,7 @@ from mininet.node import Host, OVSSwitch, RemoteController
 from mininet.topo import Topo
 from pyroute2 import IPRoute
 
+from fabric_emu import rps
 from fabric_emu.plan import FabricPlan
 from fabric_emu.ports import queues
 from fabric_emu.ports.model import PortPlan
@@ -139,19 +140,25 @@ class Fabric:
         self._shape_links()
 
     def _prepare_interfaces(self) -> None:
-        """MTU on every link end, no IPv6 chatter, and no TX checksum offload on hosts (the
-        userspace datapath forwards partially checksummed packets unfixed)."""
+        """MTU on every link end, no IPv6 chatter, no TX checksum offload on hosts (the
+        userspace datapath forwards partially checksummed packets unfixed), and receive packet
+        steering everywhere (fabric_emu.rps: a flow must not be reordered by the emulator)."""
+        mask = rps.all_cpus_mask()
         for ifname in switch_interfaces(self.plan):
             Path(f"/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6").write_text("1")
+            rps.steer(ifname, mask)
         with IPRoute() as ipr:
             for ifname in switch_interfaces(self.plan):
                 ipr.link("set", index=ipr.link_lookup(ifname=ifname)[0], mtu=self.plan.mtu)
         for h in self.net.hosts:  # all hosts at once: each shell runs its own command
             intf = self.plan.host_by_name[h.name].intf
             h.sendCmd(f"sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1;"
-                      f" ip link set dev {intf} mtu {self.plan.mtu}; ethtool -K {intf} tx off >/dev/null")
-        for h in self.net.hosts:
-            h.waitOutput()
+                      f" ip link set dev {intf} mtu {self.plan.mtu}; ethtool -K {intf} tx off >/dev/null;"
+                      f" {rps.host_shell_command(intf, mask)}")
+        for h in self.net.hosts:  # each command is silent when it works
+            out = h.waitOutput().strip()
+            if out:
+                raise RuntimeError(f"preparing {h.name}'s interface failed: {out.splitlines()[0]}")
 
     def _shape_links(self) -> None:
         with queues.IPRoutePool() as pool:

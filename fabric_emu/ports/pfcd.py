@@ -193,7 +193,10 @@ class Daemon:
         if now >= self.next_reconcile:
             self._reconcile(now)
             self.next_reconcile = now + RECONCILE_S
-        deadlines = [self.next_reconcile]
+        # Wake for it only while a pause is asserted (a lost XON would hold it forever); a lost
+        # XOFF is caught at the next event or idle poll. An idle real-time daemon stays asleep:
+        # each of its wake-ups preempts the fabric's own work on that CPU.
+        deadlines = [self.next_reconcile] if any(s.asserted for s in self.senders.values()) else []
         for port_id, s in self.senders.items():
             self._send(port_id, s.on_timer(now))
             if s.next_refresh is not None:

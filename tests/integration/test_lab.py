@@ -3,16 +3,20 @@ commands and ours, bad input, and every way out tearing the fabric down."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import pexpect
 import pytest
 
 from fabric_emu.cli import load_checked
-from fabric_emu.records import RUNS_DIR, RunRecord
+from fabric_emu.ports.datapath import PortMaps
+from fabric_emu.records import RUNS_DIR, RunRecord, all_records
 from tests.integration.fabric_checks import REPO, fabric_emu, leftovers, our_bridges, read_json
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -105,6 +109,46 @@ def test_a_scripted_session_pings_runs_turns_knobs_fails_a_link_and_quits(plan, 
     saved = tmp_path / "out" / "lab" / "class1"
     assert (saved / "02-spray" / "summary.json").is_file()
     assert "lb spray" in (saved / "commands.lab").read_text()
+
+
+def wait_for(what: Callable[[], bool], timeout_s: float = 2.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not what():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_the_pfc_daemon_follows_port_state_it_heard_no_event_about(plan, tmp_path):
+    """Under load the PFC daemon can miss a threshold event (its ring buffer full while it is off
+    a CPU). A missed XON once paused an upstream port for good; the daemon must catch up from
+    the xoff_state the port programs keep. Here the state changes with no event at all."""
+    lab = start_lab(tmp_path / "out")
+    try:
+        (rec,) = [r for r in all_records() if r.owner_alive() and r.controller_url]
+        cfg = json.loads((Path(rec.paths[0]) / "pfcd.config.json").read_text())
+        ids = {p["intf"]: p["id"] for p in cfg["ports"]}
+        leaf, host = ids["leaf1-eth2"], ids["h2-eth0"]  # leaf1's port to h2, and h2's NIC
+        maps = PortMaps(Path(cfg["pins"]))
+        t = maps.table
+        try:
+            sent = t.get(leaf, "pause_tx", 3)
+            t.set(leaf, "xoff_state", 1)  # above xoff, but the XOFF event was lost
+            assert wait_for(lambda: t.get(host, "paused_since", 3) != 0), "h2 was never paused"
+            assert t.get(leaf, "pause_tx", 3) > sent  # by a real PFC frame from leaf1
+            time.sleep(0.3)
+            assert t.get(host, "paused_since", 3) != 0  # the pause is refreshed while it lasts
+            t.set(leaf, "xoff_state", 0)  # below xon, and the XON event was lost
+            assert wait_for(lambda: t.get(host, "paused_since", 3) == 0), "h2 stayed paused"
+        finally:
+            maps.close()
+        lab.sendline("quit")
+        lab.expect(pexpect.EOF, timeout=60)
+    finally:
+        if lab.isalive():
+            lab.kill(signal.SIGKILL)
+    assert leftovers(plan) == []
 
 
 @pytest.mark.parametrize("leave", ["Ctrl-D", "Ctrl-C", "SIGHUP", "SIGTERM"])

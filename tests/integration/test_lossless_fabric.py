@@ -58,7 +58,9 @@ def test_incast_with_pfc_loses_nothing_and_pauses_spread_upstream(incast):
                for row in read_csv(run_dir / "ports.csv") if any("drop" in k and v not in ("0", "") for k, v in row.items())]
     assert s["switch"]["lossless_drops"] == 0 and s["switch"]["drops"] == 0, (dropped, s["switch"], s.get("pfc_reaction"))
     t = s["transport"]
-    assert t["delivered_fraction"] == 1.0 and t["lost_packets"] == 0 and t["retransmitted_packets"] == 0
+    # Nothing resent either: before fabric_emu.rps, a CI run saw 39 packets resent after the
+    # emulator's per-CPU veth backlogs delivered one flow out of order.
+    assert t["delivered_fraction"] == 1.0 and t["lost_packets"] == 0 and t["retransmitted_packets"] == 0, t
     ports = read_csv(run_dir / "ports.csv")
     sent = by_switch(ports, "pause_tx_p3")
     assert sent["leaf1"] > 0, sent  # the receiver's leaf pauses its senders and the spines...
