@@ -193,14 +193,16 @@ class Daemon:
         if now >= self.next_reconcile:
             self._reconcile(now)
             self.next_reconcile = now + RECONCILE_S
-        # Wake for it only while a pause is asserted (a lost XON would hold it forever); a lost
-        # XOFF is caught at the next event or idle poll. An idle real-time daemon stays asleep:
-        # each of its wake-ups preempts the fabric's own work on that CPU.
-        deadlines = [self.next_reconcile] if any(s.asserted for s in self.senders.values()) else []
+        deadlines = []
         for port_id, s in self.senders.items():
             self._send(port_id, s.on_timer(now))
-            if s.next_refresh is not None:
+            if s.next_refresh is not None:  # asserted
                 deadlines.append(s.next_refresh)
+        # Wake to reconcile only while a pause is asserted (a lost XON would hold it forever); a
+        # lost XOFF is caught at the next event or idle poll. An idle real-time daemon stays
+        # asleep: each of its wake-ups preempts the fabric's own work on that CPU.
+        if deadlines:
+            deadlines.append(self.next_reconcile)
         for port_id, r in self.receivers.items():
             self._gate(port_id, r.on_timer(now))
             if r.paused_until is not None:
