@@ -45,7 +45,7 @@ OFFSETS = _offsets()  # name -> (index of its first u64, count)
 # Counters a reader takes, per priority or per port (config and state are not counters).
 PER_PRIO_COUNTERS = ("tx_packets", "tx_bytes", "drops", "marked", "max_queue", "max_held",
                      "pause_tx", "pause_rx", "paused_ns")
-PORT_COUNTERS = ("lossless_drops", "xoff_crossings", "xon_crossings", "events_lost")
+PORT_COUNTERS = ("lossless_drops", "xoff_crossings", "xon_crossings")
 
 
 @dataclass(frozen=True)

@@ -139,7 +139,7 @@ class Daemon:
         self.crossed_at: dict[int, int] = {}  # ingress port -> ns of its unanswered XOFF
         self.intervals: dict[str, list[list[float]]] = {}
         self.reactions_s: list[float] = []
-        self.frames_sent = self.frames_received = self.events = self.repaired = 0
+        self.frames_sent = self.frames_received = self.events = 0
         self.next_reconcile = 0.0
         self.errors: list[str] = []
 
@@ -184,10 +184,7 @@ class Daemon:
     def _reconcile(self, now: float) -> None:
         """Bring every sender in line with its port's xoff_state (events lost on the way)."""
         for port_id, s in self.senders.items():
-            quanta = s.on_level(bool(self.maps.table.get(port_id, "xoff_state")), now)
-            if quanta:
-                self.repaired += 1
-                self._send(port_id, quanta)
+            self._send(port_id, s.on_level(bool(self.maps.table.get(port_id, "xoff_state")), now))
 
     def _timers(self, now: float) -> float | None:
         if now >= self.next_reconcile:
@@ -265,7 +262,7 @@ class Daemon:
         return {"intervals": self.intervals, "reaction_s": self.reactions_s,
                 "frames_sent": self.frames_sent, "frames_received": self.frames_received,
                 "events": self.events, "errors": self.errors[:20],
-                "events_lost": events_lost, "repaired": self.repaired}
+                "events_lost": events_lost}
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -15,6 +15,7 @@ import pexpect
 import pytest
 
 from fabric_emu.cli import load_checked
+from fabric_emu import rps
 from fabric_emu.ports.datapath import PortMaps
 from fabric_emu.records import RUNS_DIR, RunRecord, all_records
 from tests.integration.fabric_checks import REPO, fabric_emu, leftovers, our_bridges, read_json
@@ -143,6 +144,14 @@ def test_the_pfc_daemon_follows_port_state_it_heard_no_event_about(plan, tmp_pat
             assert wait_for(lambda: t.get(host, "paused_since", 3) == 0), "h2 stayed paused"
         finally:
             maps.close()
+        # Receive packet steering (fabric_emu.rps) is on at both ends of h2's link, as read back
+        # from the kernel: the switch end from the machine's sysfs, the host end from h2's own.
+        want = int(rps.all_cpus_mask().replace(",", ""), 16)
+        switch_end = Path("/sys/class/net/leaf1-eth2/queues/rx-0/rps_cpus").read_text()
+        shown = type_line(lab, "h2 unshare -m sh -c 'umount -l /sys && mount -t sysfs sysfs /sys && "
+                               "echo rps=$(cat /sys/class/net/h2-eth0/queues/rx-0/rps_cpus)'", "rps=")
+        host_end = shown.rsplit("rps=", 1)[1].split()[0]
+        assert [int(m.replace(",", ""), 16) for m in (switch_end, host_end)] == [want, want], (switch_end, shown)
         lab.sendline("quit")
         lab.expect(pexpect.EOF, timeout=60)
     finally:

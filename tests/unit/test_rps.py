@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from fabric_emu.rps import cpu_mask, host_shell_command, steer
+from fabric_emu.rps import cpu_mask, steer
 
 
 def test_cpu_masks_are_32_bit_hex_words_most_significant_first() -> None:
@@ -17,7 +17,3 @@ def test_steer_writes_every_receive_queue(tmp_path: Path) -> None:
     assert [(queues / q / "rps_cpus").read_text() for q in ("rx-0", "rx-1")] == ["00000003"] * 2
     assert not (queues / "tx-0" / "rps_cpus").exists()
 
-
-def test_the_host_command_mounts_its_own_sysfs_privately() -> None:
-    cmd = host_shell_command("h1-eth0", "00000003")
-    assert cmd.startswith("unshare -m sh -c 'umount -l /sys && mount -t sysfs") and "/sys/class/net/h1-eth0/queues/rx-*" in cmd
