@@ -25,7 +25,7 @@ CLASSES = (0, 3, 6)  # priorities with their own queue: default, RoCE (lossless)
 # Counted by the kernel qdiscs (per class) and the port programs and PFC daemon (BPF map).
 CLASS_KEYS = tuple(f"{k}_p{p}" for k in ("queue_drops", "bpf_drops", "ecn_marked", "pause_tx", "pause_rx",
                                          "paused_ns") for p in CLASSES)
-COUNTERS = (*OVS_KEYS, "rx_socket_drops", *CLASS_KEYS, "lossless_drops")
+COUNTERS = (*OVS_KEYS, "rx_socket_drops", *CLASS_KEYS, "lossless_drops", "headroom_overruns")
 # High-water marks (not differenced): deepest egress queue per class; most lossless bytes held
 # in the switch that came in through this port (what PFC's xoff is compared with).
 MAX_KEYS = (*(f"max_backlog_p{p}" for p in CLASSES), "max_held_p3")
@@ -67,7 +67,8 @@ class PortCounters:
     paused_ns_p0: int = 0
     paused_ns_p3: int = 0
     paused_ns_p6: int = 0
-    lossless_drops: int = 0  # priority-3 drops while PFC was on: headroom overflow
+    lossless_drops: int = 0  # priority-3 drops while PFC was on: an ingress port's buffer overflowed
+    headroom_overruns: int = 0  # lossless frames that came in beyond xoff + headroom: a late pause
     max_backlog_p0: int = 0
     max_backlog_p3: int = 0
     max_backlog_p6: int = 0
@@ -168,7 +169,8 @@ def port_counters(switch: str, port: int, intf: str, peer: str, kind: str, ovs: 
     return PortCounters(
         switch=switch, port=port, intf=intf, peer=peer, kind=kind,
         **{k: ovs.get(k, 0) for k in OVS_KEYS}, rx_socket_drops=socket_drops,
-        lossless_drops=bpf.get("lossless_drops", 0), max_held_p3=bpf.get("max_held_p3", 0),
+        lossless_drops=bpf.get("lossless_drops", 0), headroom_overruns=bpf.get("headroom_overruns", 0),
+        max_held_p3=bpf.get("max_held_p3", 0),
         **per_class,
     )
 
@@ -194,6 +196,7 @@ def totals(rows: list[PortCounters], dilation: float = 1.0) -> dict:
         "drops": sum(r.drops for r in rows),
         "drops_by_class": {f"p{p}": sum(r.class_drops(p) for r in rows) for p in CLASSES},
         "lossless_drops": sum(r.lossless_drops for r in rows),
+        "headroom_overruns": sum(r.headroom_overruns for r in rows),
         "ecn_marked": sum(r.ecn_marked for r in rows),
         "pause_tx": sum(r.pause_tx_p3 for r in rows),
         "pause_rx": sum(r.pause_rx_p3 for r in rows),

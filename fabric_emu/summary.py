@@ -479,6 +479,8 @@ def summary_rows(s: dict) -> list[Row]:
             add("time paused (all ports)", f"{sw['paused_fabric_us']:,.1f} us",
                 f"{sw['paused_fabric_us'] * s['dilation'] / 1e6:.3f} s")
             add("lossless-class drops", f"{sw['lossless_drops']:,}", "")
+            if sw.get("headroom_overruns"):  # only when fabric-emu paused late: see the fidelity warning
+                add("frames past the PFC headroom (late pauses)", f"{sw['headroom_overruns']:,}", "")
     if "transport" in s:
         tr = s["transport"]
         add("RC: retransmitted pkts / NAKs / timeouts",

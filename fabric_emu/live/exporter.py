@@ -31,7 +31,9 @@ PORT_COUNTERS = (
     ("fabric_emu_port_dropped_packets", "drops",
      "Packets dropped at the port, every cause (ports.csv drops: OVS, socket, FIFO and admission)"),
     ("fabric_emu_port_lossless_dropped_packets", "lossless_drops",
-     "Priority-3 packets dropped while PFC was on (headroom overflow)"),
+     "Priority-3 packets dropped while PFC was on (an ingress port's buffer overflowed)"),
+    ("fabric_emu_port_headroom_overruns", "headroom_overruns",
+     "Priority-3 frames that entered by this port beyond xoff + headroom: a pause fabric-emu put into effect late"),
 )
 # (name, ports.csv column prefix before _p<k>, help); per port and priority
 CLASS_COUNTERS = (

@@ -25,9 +25,9 @@ FIELDS: tuple[tuple[str, int], ...] = (
     ("queue", NPRIO), ("held", NPRIO), ("xoff_state", 1),
     ("tx_packets", NPRIO), ("tx_bytes", NPRIO), ("drops", NPRIO), ("marked", NPRIO),
     ("max_queue", NPRIO), ("max_held", NPRIO),
-    ("lossless_drops", 1), ("xoff_crossings", 1), ("xon_crossings", 1),
+    ("lossless_drops", 1), ("xoff_crossings", 1), ("xon_crossings", 1), ("headroom_overruns", 1),
     ("pause_tx", NPRIO), ("pause_rx", NPRIO), ("paused_ns", NPRIO), ("paused_since", NPRIO),
-    ("events_lost", 1), ("reserved", 12),
+    ("events_lost", 1), ("reserved", 11),
 )
 
 
@@ -45,7 +45,7 @@ OFFSETS = _offsets()  # name -> (index of its first u64, count)
 # Counters a reader takes, per priority or per port (config and state are not counters).
 PER_PRIO_COUNTERS = ("tx_packets", "tx_bytes", "drops", "marked", "max_queue", "max_held",
                      "pause_tx", "pause_rx", "paused_ns")
-PORT_COUNTERS = ("lossless_drops", "xoff_crossings", "xon_crossings")
+PORT_COUNTERS = ("lossless_drops", "xoff_crossings", "xon_crossings", "headroom_overruns")
 
 
 @dataclass(frozen=True)

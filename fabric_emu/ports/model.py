@@ -5,11 +5,14 @@ record it as installed.
 Buffer model (static thresholds, documented in README "Lossless ports"):
 * lossy classes (priority 0, CNPs in 6, and RoCE in 3 when PFC is off): each egress queue holds at
   most `port_buffer` bytes, tail drop beyond;
-* the lossless class (priority 3 with PFC on) is admitted per INGRESS port: each switch port may
-  hold up to xoff + headroom bytes of priority 3 in its switch, whatever egress queue they wait
-  in, and the egress queue has no limit of its own (SONiC's lossless egress profile has
-  dynamic_th 7, i.e. infinite). Above xoff the port pauses its upstream; above xoff + headroom
-  the switch drops, and that is counted as a lossless drop: a bug or a headroom too small.
+* the lossless class (priority 3 with PFC on) is admitted per INGRESS port: each switch port
+  holds the priority-3 bytes that entered through it, whatever egress queue they wait in, and
+  the egress queue has no limit of its own (SONiC's lossless egress profile has dynamic_th 7,
+  i.e. infinite). Above xoff the port pauses its upstream. The headroom above xoff is sized for
+  the modelled pause response (cc/headroom.py), so bytes beyond xoff + headroom can only come
+  from the emulator pausing late (a stalled CPU): they are admitted and counted as
+  headroom_overruns, which the fidelity check reports. Beyond `port_buffer` the port has no room
+  left: the switch drops, counted as a lossless drop.
 * a host NIC's queues hold what its driver has accepted: NIC_QUEUE_FRAMES frames of RoCE, which
   is what the agent can push before a paused NIC refuses more (ENOBUFS, retried later).
 """
@@ -61,7 +64,7 @@ class PfcSettings:
 class PortSettings:
     """What one port gets: BPF admission limits, kernel FIFO backstops, ECN and PFC."""
 
-    limits: dict[int, int]  # priority -> egress bytes (BPF tail drop; lossless with PFC: none)
+    limits: dict[int, int]  # priority -> egress bytes (BPF tail drop); lossless with PFC: held per ingress port
     fifo_limits: dict[int, int]  # priority -> kernel FIFO bytes
     ecn: EcnSettings | None  # switch ports only
     pfc: PfcSettings | None  # switch ports only (as ingress ports)
@@ -97,7 +100,8 @@ def switch_settings(plan: FabricPlan, ecn: EcnSettings, pfc: PfcSettings) -> Por
     buf, frame = plan.port_buffer, plan.mtu + ETH_HEADER
     slack = SLACK_FRAMES * frame
     max_ports = max(len(plan.ports(s.name)) for s in plan.switches)
-    lossless_fifo = (max_ports * (pfc.xoff + pfc.headroom) if pfc.enabled else buf) + slack
+    # every ingress port may hold up to its buffer of lossless bytes, all in one egress queue
+    lossless_fifo = (max_ports * buf if pfc.enabled else buf) + slack
     return PortSettings(
         limits={0: buf, 3: buf, 6: buf},
         fifo_limits={0: buf + slack, 3: lossless_fifo, 6: buf + slack},

@@ -136,9 +136,11 @@ class Daemon:
             self.gates = {p.id: queues.Gate(self.netlink[p.netns], p.intf, link_index(pool.get(p.netns), p.intf),
                                             p.emulated_bps, p.mtu, p.lossless_fifo)
                           for p in cfg.ports}
-        self.crossed_at: dict[int, int] = {}  # ingress port -> ns of its unanswered XOFF
+        # ingress port -> (ns its XOFF crossed in the kernel, ns the daemon handled it), unanswered
+        self.crossed_at: dict[int, tuple[int, int]] = {}
         self.intervals: dict[str, list[list[float]]] = {}
         self.reactions_s: list[float] = []
+        self.worst_split: dict[str, float] = {}  # the slowest reaction, stage by stage (seconds)
         self.frames_sent = self.frames_received = self.events = 0
         self.next_reconcile = 0.0
         self.errors: list[str] = []
@@ -168,7 +170,7 @@ class Daemon:
 
     def _handle(self, ev: Event, now: float) -> None:
         if ev.type == EV_XOFF and ev.port in self.senders:
-            self.crossed_at.setdefault(ev.port, ev.time_ns)
+            self.crossed_at.setdefault(ev.port, (ev.time_ns, time.monotonic_ns()))
             self._send(ev.port, self.senders[ev.port].on_xoff(now))
         elif ev.type == EV_XON and ev.port in self.senders:
             self._send(ev.port, self.senders[ev.port].on_xon(now))
@@ -179,7 +181,7 @@ class Daemon:
             self.frames_received += 1
             self.maps.table.add(receiver, "pause_rx", 1, LOSSLESS)
             action = self.receivers[receiver].on_frame(now, self._pause_s(self.ports[receiver], ev.quanta))
-            self._gate(receiver, action, sender=ev.port)
+            self._gate(receiver, action, sender=ev.port, frame_seen=(ev.time_ns, time.monotonic_ns()))
 
     def _reconcile(self, now: float) -> None:
         """Bring every sender in line with its port's xoff_state (events lost on the way)."""
@@ -216,7 +218,8 @@ class Daemon:
             if quanta == 0:
                 self.crossed_at.pop(port_id, None)
 
-    def _gate(self, port_id: int, action: str | None, sender: int | None = None) -> None:
+    def _gate(self, port_id: int, action: str | None, sender: int | None = None,
+              frame_seen: tuple[int, int] | None = None) -> None:
         if action is None:
             return
         port, table = self.ports[port_id], self.maps.table
@@ -225,10 +228,12 @@ class Daemon:
         if action == "close":
             table.set(port_id, "paused_since", now_ns, LOSSLESS)
             self.intervals.setdefault(port.intf, []).append([now_ns / 1e9, None])
-            crossed = self.crossed_at.get(sender) if sender is not None else None
+            crossed = self.crossed_at.pop(sender, None) if sender is not None else None
             if crossed is not None:
-                self.reactions_s.append((now_ns - crossed) / 1e9)
-                del self.crossed_at[sender]
+                reaction = (now_ns - crossed[0]) / 1e9
+                self.reactions_s.append(reaction)
+                if frame_seen is not None and reaction > self.worst_split.get("total_s", -1.0):
+                    self.worst_split = split_reaction(crossed, frame_seen, now_ns)
         else:
             self._kick(port)
             since = table.get(port_id, "paused_since", LOSSLESS)
@@ -260,9 +265,22 @@ class Daemon:
         self.ring.close()
         self.maps.close()
         return {"intervals": self.intervals, "reaction_s": self.reactions_s,
+                "worst_reaction": self.worst_split,
                 "frames_sent": self.frames_sent, "frames_received": self.frames_received,
                 "events": self.events, "errors": self.errors[:20],
                 "events_lost": events_lost}
+
+
+def split_reaction(crossed: tuple[int, int], frame_seen: tuple[int, int], closed_ns: int) -> dict[str, float]:
+    """Where one pause's reaction went: (kernel crossing, daemon handled it), (pause frame seen
+    by the upstream port's program, daemon handled that), gate closed; nanosecond stamps of
+    CLOCK_MONOTONIC, which bpf_ktime_get_ns also reads."""
+    (crossed_ns, xoff_ns), (rx_ns, rx_handled_ns) = crossed, frame_seen
+    return {"total_s": (closed_ns - crossed_ns) / 1e9,
+            "to_daemon_s": (xoff_ns - crossed_ns) / 1e9,  # ring buffer + wake-up
+            "frame_s": (rx_ns - xoff_ns) / 1e9,  # frame built, sent, across the veth
+            "frame_to_daemon_s": (rx_handled_ns - rx_ns) / 1e9,
+            "gate_s": (closed_ns - rx_handled_ns) / 1e9}  # the tc change (rtnl)
 
 
 def write_atomic(path: Path, text: str) -> None:

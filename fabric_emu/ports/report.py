@@ -42,8 +42,12 @@ def reaction_summary(daemon: dict, dilation: float) -> dict | None:
     if not r:
         return None
     p50, worst = r[len(r) // 2], r[-1]
-    return {"pauses_measured": len(r), "p50_s": round(p50, 6), "max_s": round(worst, 6),
-            "p50_fabric_us": round(p50 / dilation * 1e6, 3), "max_fabric_us": round(worst / dilation * 1e6, 3)}
+    out = {"pauses_measured": len(r), "p50_s": round(p50, 6), "max_s": round(worst, 6),
+           "p50_fabric_us": round(p50 / dilation * 1e6, 3), "max_fabric_us": round(worst / dilation * 1e6, 3)}
+    split = daemon.get("worst_reaction")
+    if split:  # where the slowest one went: ring buffer, frame, tc change
+        out["slowest_ms"] = {k.removesuffix("_s"): round(v * 1e3, 3) for k, v in split.items()}
+    return out
 
 
 def daemon_warnings(daemon: dict) -> list[str]:
@@ -72,8 +76,8 @@ def lossless_warnings(rows: list["PortCounters"], ecn: dict, pfc: PfcSettings | 
     pfc_on = pfc is not None and pfc.enabled
     lossless_drops = sum(r.lossless_drops + r.queue_drops_p3 for r in rows) if pfc_on else 0
     if lossless_drops:
-        out.append(f"{lossless_drops} packet(s) dropped in the lossless class with PFC on: the headroom"
-                   " did not absorb what arrived while pauses took effect")
+        out.append(f"{lossless_drops} packet(s) dropped in the lossless class with PFC on: an ingress"
+                   " port's buffer overflowed while its pause was not in effect")
     if ecn.get("enabled"):
         # Past the middle of the ramp a packet is marked with at least pmax/2: a queue that got
         # there and not one mark means marking is broken (just above kmin, none can be chance).
@@ -83,12 +87,20 @@ def lossless_warnings(rows: list["PortCounters"], ecn: dict, pfc: PfcSettings | 
             worst = max(deep, key=lambda r: r.max_backlog_p3)
             out.append(f"ECN is on and {worst.intf}'s RoCE queue reached {worst.max_backlog_p3} B (kmin"
                        f" {ecn['kmin']} B, kmax {ecn['kmax']} B), yet no packet was marked")
+    overruns = sum(r.headroom_overruns for r in rows) if pfc_on else 0
+    if overruns:
+        worst = max(rows, key=lambda r: r.headroom_overruns)
+        slowest = f" (the slowest took {reaction['max_s'] * 1e3:.1f} ms)" if reaction else ""
+        out.append(f"{overruns} RoCE frame(s) arrived beyond xoff + headroom, most by {worst.intf}:"
+                   f" fabric-emu put a pause into effect later than the modelled link would{slowest};"
+                   " they were kept, not dropped, so the pauses and queues around them are not to be"
+                   " trusted; raise the dilation")
     if pfc_on:
         full = [r for r in rows if r.max_held_p3 >= pfc.xoff]
         if full and not any(r.pause_tx_p3 for r in rows):
             out.append(f"PFC is on and {full[0].intf} held {full[0].max_held_p3} B of RoCE (xoff {pfc.xoff} B),"
                        " yet no pause frame was sent")
-        if reaction is not None:
+        if reaction is not None and not overruns:  # else said above
             in_flight = reaction["max_s"] * link_Bps + 2 * frame
             if in_flight > pfc.headroom:
                 out.append(f"a pause took {reaction['max_s'] * 1e3:.1f} ms to stop its upstream"

@@ -70,7 +70,14 @@ def test_incast_with_pfc_loses_nothing_and_pauses_spread_upstream(incast):
     assert s["switch"]["pause_tx"] == sum(sent.values())
     assert s["switch"]["paused_fabric_us"] > 0 and s["nic"]["nics_paused"] > 0
     assert s["pfc_reaction"]["pauses_measured"] > 0
-    assert not any("lossless" in w or "pause" in w for w in s["fidelity"]["warnings"]), s["fidelity"]
+    # Nothing says PFC is broken. How fast the pauses took effect is the machine's doing, not a
+    # verdict on PFC (a shared CI machine once stalled one pause in ~1,200 for 7.4 ms): a late one
+    # may only keep its frames past the headroom (headroom_overruns), and must say so.
+    warnings = s["fidelity"]["warnings"]
+    broken = ("lossless class", "no pause frame was sent", "PFC daemon stopped", "failed to act")
+    assert not [w for w in warnings if any(b in w for b in broken)], s["fidelity"]
+    late = [w for w in warnings if "beyond xoff + headroom" in w]
+    assert bool(late) == (s["switch"]["headroom_overruns"] > 0), (late, s["switch"], s["pfc_reaction"])
     pauses = read_csv(run_dir / "pauses.csv")
     assert {p["intf"] for p in pauses} >= {"spine1-eth1", "h2-eth0"}
 

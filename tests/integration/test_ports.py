@@ -19,9 +19,9 @@ import pytest
 
 from fabric_emu.cc.red import mark_probability, pmax_scaled
 from fabric_emu.ports import datapath, queues
-from fabric_emu.ports.layout import PORT_ECN, PORT_SWITCH
+from fabric_emu.ports.layout import PORT_ECN, PORT_PFC, PORT_SWITCH
 from fabric_emu.ports.model import PortEnd
-from tests.integration.netns_pair import Pair, udp_socket, veth_pair
+from tests.integration.netns_pair import Pair, run_in_netns, udp_socket, veth_pair
 
 pytestmark = [pytest.mark.root, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 
@@ -199,3 +199,47 @@ def test_a_dropped_frame_is_a_successful_send_for_the_sender(port: Port) -> None
     port.gate(True)
     port.receive_all()
     assert drops > 10  # the queue refused frames, and the sender never heard of it
+
+
+def test_lossless_frames_past_the_headroom_are_kept_and_counted_and_past_the_buffer_dropped(port: Port) -> None:
+    """With PFC on, a RoCE frame is admitted against what its INGRESS port holds. Past xoff +
+    headroom only a late pause (fabric-emu's, not the modelled link's) can have let it in: kept,
+    counted as a headroom overrun. Past the ingress port's buffer: a lossless drop. Frames carry
+    their ingress port in the source MAC as the switch's first table writes it (port 5 here), and
+    the closed gate keeps them queued, so what port 5 holds is what we set."""
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.l2 import Ether
+
+    ingress, xoff, headroom, buffer = 5, 10_000, 5_000, 30_000
+    datapath.configure(port.maps, 0, {"flags": PORT_SWITCH | PORT_PFC, "limit": [BUFFER] * 8})
+    datapath.configure(port.maps, ingress, {"flags": PORT_SWITCH | PORT_PFC, "limit": [buffer] * 8,
+                                            "xoff": xoff, "xon": xoff // 2, "headroom": headroom})
+    frame = bytes(Ether(src="0e:fe:00:05:00:00", dst="ff:ff:ff:ff:ff:ff")
+                  / IP(src=TX_IP, dst=RX_IP, tos=ROCE_TOS) / UDP(sport=PORT, dport=PORT) / (b"L" * 1000))
+    raw = run_in_netns(port.pair.tx_ns, lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0))
+    raw.bind((port.pair.tx_if, 0))
+    t = port.maps.table
+
+    def send_ten_holding(held: int) -> tuple[int, int]:
+        """(overruns, lossless drops) of ten frames sent while port 5 holds `held` bytes."""
+        t.set(ingress, "held", held, 3)
+        overruns, drops = t.get(ingress, "headroom_overruns"), t.get(0, "lossless_drops")
+        for _ in range(10):
+            raw.send(frame)
+        return t.get(ingress, "headroom_overruns") - overruns, t.get(0, "lossless_drops") - drops
+
+    try:
+        port.gate(False)
+        time.sleep(0.05)
+        assert send_ten_holding(xoff + headroom - 1) == (0, 0)  # inside the headroom
+        assert send_ten_holding(xoff + headroom + 1) == (10, 0)  # a late pause: kept, counted
+        # no room left in the buffer (a dropped frame gives its own bytes back, hence 10 of them)
+        assert send_ten_holding(buffer + 10 * len(frame) + 1) == (0, 10)
+        queued = port.maps.table.get(0, "queue", 3)
+        port.gate(True)
+        time.sleep(0.2)
+    finally:
+        raw.close()
+    # the 20 admitted frames (the first may have left as the gate closed), none of the dropped
+    assert queued in (19 * len(frame), 20 * len(frame))
+    assert port.maps.table.get(0, "queue", 3) == 0  # all of them reached the far end

@@ -188,7 +188,7 @@ def test_lossless_warnings_name_each_broken_promise() -> None:
     fine = [_row(max_backlog_p3=300_000, ecn_marked_p3=5, max_held_p3=120_000, pause_tx_p3=2)]
     assert lossless_warnings(fine, ECN, pfc, {"max_s": 0.001, "max_fabric_us": 0.5}, 6.25e6, 4214) == []
     (w,) = lossless_warnings([_row(lossless_drops=3)], ECN, pfc, None, 6.25e6, 4214)
-    assert "3 packet(s) dropped in the lossless class" in w
+    assert "3 packet(s) dropped in the lossless class" in w and "buffer overflowed" in w
     (w,) = lossless_warnings([_row(max_backlog_p3=300_000)], ECN, pfc, None, 6.25e6, 4214)
     assert "yet no packet was marked" in w
     assert lossless_warnings([_row(max_backlog_p3=200_000)], ECN, pfc, None, 6.25e6, 4214) == []  # marks unlikely
@@ -196,6 +196,10 @@ def test_lossless_warnings_name_each_broken_promise() -> None:
     assert "yet no pause frame was sent" in w
     (w,) = lossless_warnings(fine, ECN, pfc, {"max_s": 0.01, "max_fabric_us": 5}, 6.25e6, 4214)
     assert "more than the 47104 B headroom" in w  # 10 ms x 6.25 MB/s = 62.5 KB in flight
+    # Frames that came in past the headroom: the late pause is named once, with the port.
+    late = [*fine, _row(headroom_overruns=2, max_held_p3=150_000)]
+    (w,) = lossless_warnings(late, ECN, pfc, {"max_s": 0.0074, "max_fabric_us": 3.7}, 6.25e6, 4214)
+    assert w.startswith("2 RoCE frame(s) arrived beyond xoff + headroom, most by leaf1-eth1") and "7.4 ms" in w
     off = PfcSettings(False, 100_000, 80_000, 0, 0xFFFF)
     assert lossless_warnings([_row(bpf_drops_p3=9, max_held_p3=10**6)], {"enabled": False}, off, None, 1, 1) == []
 
@@ -226,3 +230,16 @@ def test_a_dead_or_failing_pfc_daemon_is_a_warning() -> None:
     (w,) = daemon_warnings({"events_lost": 3})
     assert "fell behind: 3 threshold or pause event(s)" in w
     assert daemon_warnings({"events_lost": 0}) == []
+
+
+def test_the_slowest_pause_is_split_into_its_stages() -> None:
+    from fabric_emu.ports.pfcd import split_reaction
+    from fabric_emu.ports.report import reaction_summary
+
+    ms = 1_000_000
+    split = split_reaction((0, 1 * ms), (2 * ms, 3 * ms), 10 * ms)  # a slow tc change
+    assert split == {"total_s": 0.010, "to_daemon_s": 0.001, "frame_s": 0.001,
+                     "frame_to_daemon_s": 0.001, "gate_s": 0.007}
+    r = reaction_summary({"reaction_s": [0.001, 0.010], "worst_reaction": split}, 2000)
+    assert r["max_s"] == 0.01 and r["slowest_ms"] == {"total": 10.0, "to_daemon": 1.0, "frame": 1.0,
+                                                      "frame_to_daemon": 1.0, "gate": 7.0}

@@ -8,8 +8,8 @@
  *
  *   switch_egress  every switch port, egress: picks the traffic class (skb->priority selects
  *                  the HTB class), admits or tail-drops against the class's byte limit (lossless
- *                  frames: against their ingress port's xoff + headroom), and marks ECT packets
- *                  CE on the RED profile of the class's depth.
+ *                  frames: against what their ingress port holds, see "Lossless admission"),
+ *                  and marks ECT packets CE on the RED profile of the class's depth.
  *   switch_ingress every switch port, ingress: the frame has left its upstream queue, so the
  *   host_ingress   bytes are credited back to it (and XON crossings signalled); PFC frames are
  *                  consumed and reported to the PFC daemon. At a switch port a lossless frame
@@ -77,7 +77,8 @@ enum event_type { EV_XOFF = 1, EV_XON = 2, EV_PFC_RX = 3 };
 struct port {
 	/* config (userspace) */
 	__u64 flags;
-	__u64 limit[NPRIO];	/* egress byte limit per class (tail drop) */
+	__u64 limit[NPRIO];	/* egress byte limit per class (tail drop); lossless with PFC: the
+				 * most this port may hold as an ingress port (its buffer) */
 	__u64 kmin, kmax, pmax32;	/* ECN profile of the lossless class; pmax * 2^32 */
 	__u64 xoff, xon, headroom;	/* this port as an ingress port, lossless class */
 	/* state (programs) */
@@ -94,13 +95,14 @@ struct port {
 	__u64 lossless_drops;
 	__u64 xoff_crossings;
 	__u64 xon_crossings;
+	__u64 headroom_overruns;	/* lossless frames admitted beyond xoff + headroom (late pause) */
 	/* counters (PFC daemon) */
 	__u64 pause_tx[NPRIO];
 	__u64 pause_rx[NPRIO];
 	__u64 paused_ns[NPRIO];
 	__u64 paused_since[NPRIO];
 	__u64 events_lost;	/* events about this port the ring buffer had no room for */
-	__u64 reserved[12];
+	__u64 reserved[11];
 };
 _Static_assert(sizeof(struct port) == 1024, "struct port must stay 1024 bytes");
 
@@ -281,15 +283,23 @@ int switch_egress(struct __sk_buff *skb)
 
 	int lossless = prio == PRIO_LOSSLESS && (out->flags & PORT_PFC);
 	if (lossless && in) {
-		/* Lossless: admission is per ingress port. Its bytes were charged on arrival
-		 * (switch_ingress); beyond xoff + headroom the pause came too late. The egress queue has
-		 * no limit of its own (SONiC's lossless egress profile, dynamic_th 7 = infinite). */
-		if (in->held[prio] > in->xoff + in->headroom) {
+		/* Lossless admission is per ingress port; its bytes were charged on arrival
+		 * (switch_ingress). The egress queue has no limit of its own (SONiC's lossless egress
+		 * profile, dynamic_th 7 = infinite). The headroom is sized for the modelled pause
+		 * response and cable (cc/headroom.py; a smaller one is refused), so a frame beyond
+		 * xoff + headroom means the emulator, not the modelled link, was late to pause: it is
+		 * admitted and counted (headroom_overruns; the run's fidelity check reports it), not
+		 * dropped where the modelled switch would never have seen it. Only beyond the port's
+		 * buffer is there no room: a lossless drop. */
+		__u64 held = in->held[prio];
+		if (held > in->limit[prio]) {
 			__sync_fetch_and_sub(&in->held[prio], len);
 			__sync_fetch_and_add(&out->drops[prio], 1);
 			__sync_fetch_and_add(&out->lossless_drops, 1);
 			return TC_ACT_STOLEN;	/* see "Drops at egress" */
 		}
+		if (held > in->xoff + in->headroom)
+			__sync_fetch_and_add(&in->headroom_overruns, 1);
 	} else if (!lossless && out->queue[prio] + len > out->limit[prio]) {
 		__sync_fetch_and_add(&out->drops[prio], 1);
 		return TC_ACT_STOLEN;
