@@ -19,7 +19,7 @@ from fabric_emu.config import AllReduceWorkload, ExperimentSpec
 from fabric_emu.counters import totals
 from fabric_emu.events import failovers
 from fabric_emu.fidelity import verdict
-from fabric_emu.plan import ETH_HEADER, FabricPlan
+from fabric_emu.plan import FabricPlan
 from fabric_emu.ports.model import settings_of
 from fabric_emu.ports.report import daemon_warnings, lossless_warnings, reaction_summary
 from fabric_emu.traffic import Flow, workload_flows
@@ -300,8 +300,7 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
     warnings = verdict(cpu, list(late.values()), 0 if links_failed else unexplained)
     if ports:
         ecn, pfc = settings_of(spec)
-        link_Bps = max(ln.emulated_bps for ln in plan.links) / 8
-        warnings += lossless_warnings(ports, asdict(ecn), pfc, reaction, link_Bps, plan.mtu + ETH_HEADER)
+        warnings += lossless_warnings(ports, asdict(ecn), pfc, reaction)
         warnings += daemon_warnings(traffic.get("pfc_daemon") or {})
     note = None
     if links_failed and unexplained:
