@@ -144,11 +144,10 @@ class Fabric:
         userspace datapath forwards partially checksummed packets unfixed), and receive packet
         steering everywhere (fabric_emu.rps: a flow must not be reordered by the emulator)."""
         mask = rps.all_cpus_mask()
-        for ifname in switch_interfaces(self.plan):
-            Path(f"/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6").write_text("1")
-            rps.steer(ifname, mask)
         with IPRoute() as ipr:
             for ifname in switch_interfaces(self.plan):
+                Path(f"/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6").write_text("1")
+                rps.steer(ifname, mask)
                 ipr.link("set", index=ipr.link_lookup(ifname=ifname)[0], mtu=self.plan.mtu)
         for h in self.net.hosts:  # all hosts at once: each shell runs its own command
             intf = self.plan.host_by_name[h.name].intf

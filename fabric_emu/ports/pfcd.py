@@ -113,8 +113,14 @@ def _socket_in(netns: str | None, bypass: bool) -> socket.socket:
     return made[0]
 
 
-class Stop(Exception):
-    pass
+@dataclass(frozen=True)
+class PauseFrame:
+    """A pause frame as the daemon met it: the port that sent it, when the upstream port's
+    program saw it (bpf_ktime_get_ns) and when the daemon handled that event (monotonic ns)."""
+
+    sender: int
+    seen_ns: int
+    handled_ns: int
 
 
 class Daemon:
@@ -181,7 +187,7 @@ class Daemon:
             self.frames_received += 1
             self.maps.table.add(receiver, "pause_rx", 1, LOSSLESS)
             action = self.receivers[receiver].on_frame(now, self._pause_s(self.ports[receiver], ev.quanta))
-            self._gate(receiver, action, sender=ev.port, frame_seen=(ev.time_ns, time.monotonic_ns()))
+            self._gate(receiver, action, PauseFrame(ev.port, ev.time_ns, time.monotonic_ns()))
 
     def _reconcile(self, now: float) -> None:
         """Bring every sender in line with its port's xoff_state (events lost on the way)."""
@@ -218,8 +224,8 @@ class Daemon:
             if quanta == 0:
                 self.crossed_at.pop(port_id, None)
 
-    def _gate(self, port_id: int, action: str | None, sender: int | None = None,
-              frame_seen: tuple[int, int] | None = None) -> None:
+    def _gate(self, port_id: int, action: str | None, frame: PauseFrame | None = None) -> None:
+        """Open or close a port's gate; `frame`: the pause frame that closes it, if one does."""
         if action is None:
             return
         port, table = self.ports[port_id], self.maps.table
@@ -228,12 +234,12 @@ class Daemon:
         if action == "close":
             table.set(port_id, "paused_since", now_ns, LOSSLESS)
             self.intervals.setdefault(port.intf, []).append([now_ns / 1e9, None])
-            crossed = self.crossed_at.pop(sender, None) if sender is not None else None
+            crossed = self.crossed_at.pop(frame.sender, None) if frame is not None else None
             if crossed is not None:
                 reaction = (now_ns - crossed[0]) / 1e9
                 self.reactions_s.append(reaction)
-                if frame_seen is not None and reaction > self.worst_split.get("total_s", -1.0):
-                    self.worst_split = split_reaction(crossed, frame_seen, now_ns)
+                if reaction > self.worst_split.get("total_s", -1.0):
+                    self.worst_split = split_reaction(crossed, (frame.seen_ns, frame.handled_ns), now_ns)
         else:
             self._kick(port)
             since = table.get(port_id, "paused_since", LOSSLESS)
