@@ -8,7 +8,7 @@ the same line rate, the same message sizes, in the same run:
 
 * baseline: the foundation's agent (commit FOUNDATION, extracted with `git archive` into a
   temporary folder): one Python process per host that paced every packet itself;
-* today: one NIC engine process (fabric_emu.agent) serving both hosts, the kernel pacing.
+* today: one NIC engine process (fabric_emu.nic) serving both hosts, the kernel pacing.
 
 Both move the same packets (each host sends and receives S bytes); the figure is CPU seconds
 (user + system of the processes, from their own accounting) per data packet sent, each of which
@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))  # the tests' namespace helpers
 from fabric_emu import shaping  # noqa: E402
 from fabric_emu.ports import datapath, queues  # noqa: E402
 from fabric_emu.ports.model import NIC_QUEUE_FRAMES, PortEnd  # noqa: E402
-from fabric_emu.units import parse_size  # noqa: E402
+from fabric_emu.spec.units import parse_size  # noqa: E402
 from tests.integration.netns_pair import veth_pair  # noqa: E402
 
 FOUNDATION = "c5bdb97"  # the last commit before the NIC model was rebuilt (issue 6)
@@ -108,7 +108,7 @@ def foundation(pair, rate_bps: float, size: int, work: Path) -> dict:
     for i, ns in enumerate((pair.tx_ns, pair.rx_ns)):
         cfg = work / f"base-{i}.json"
         cfg.write_text(json.dumps(_base_config(i, rate_bps, size, work / f"base-stats-{i}.json")))
-        procs.append(_popen(["ip", "netns", "exec", ns, sys.executable, "-m", "fabric_emu.agent", str(cfg)], src, env))
+        procs.append(_popen(["ip", "netns", "exec", ns, sys.executable, "-m", "fabric_emu.nic", str(cfg)], src, env))
     _go(procs)
     stats = [json.loads((work / f"base-stats-{i}.json").read_text()) for i in range(2)]
     return {"cpu_s": sum(s["cpu_s"] for s in stats),
@@ -117,7 +117,7 @@ def foundation(pair, rate_bps: float, size: int, work: Path) -> dict:
 
 
 def engine(pair, rate_bps: float, size: int, work: Path) -> dict:
-    from fabric_emu.workload import tick_for
+    from fabric_emu.nic.launch import tick_for
 
     hosts = []
     for i, (ns, ifname) in enumerate(((pair.tx_ns, pair.tx_if), (pair.rx_ns, pair.rx_if))):
@@ -126,7 +126,7 @@ def engine(pair, rate_bps: float, size: int, work: Path) -> dict:
     tick = tick_for(rate_bps, MTU)
     cfg = work / "engine.json"
     cfg.write_text(json.dumps({"engine": 0, "tick_s": tick, "hosts": hosts}))
-    _go([_popen([sys.executable, "-m", "fabric_emu.agent", str(cfg)], REPO)])
+    _go([_popen([sys.executable, "-m", "fabric_emu.nic", str(cfg)], REPO)])
     stats = [json.loads((work / f"engine-stats-{i}.json").read_text()) for i in range(2)]
     e = stats[0]["engine"]
     print(f"  (engine: user {e['user_s']:.2f} s, system {e['system_s']:.2f} s)")

@@ -14,7 +14,7 @@ import argparse
 import time
 from collections.abc import Callable
 
-from fabric_emu import roce
+from fabric_emu.wire import roce
 
 SRC, DST, SPORT, QPN = "10.99.0.1", "10.99.0.2", 0xC123, 0x123456
 MTU = 4096

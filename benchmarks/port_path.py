@@ -3,7 +3,7 @@ plain FIFO, measured alternately in the same run. Needs root.
 
 Two hosts (namespaces) joined through one Open vSwitch bridge (userspace datapath):
 
-  fifo   the foundation's ports: HTB + one byte FIFO per link end (fabric_emu.shaping), one
+  fifo   the foundation's ports: HTB + one byte FIFO per link end (fabric_emu.kernel.shaping), one
          OpenFlow table (in_port -> output);
   ports  this issue's ports: the class tree with the PFC gate (fabric_emu.ports.queues), the BPF
          programs on every link end (classes, admission, ECN, accounting), and the controller's
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from pyroute2 import IPRoute, netns
 
-from fabric_emu import shaping
+from fabric_emu.kernel import shaping
 from fabric_emu.ports import datapath, queues
 from fabric_emu.ports.layout import PORT_ECN, PORT_PFC, PORT_SWITCH
 from fabric_emu.ports.model import PortEnd

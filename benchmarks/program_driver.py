@@ -1,9 +1,9 @@
 """A/B: the quickstart's ring all-reduce driven by the ring driver and by a per-rank program.
 
 The same 8 MB x 2 ring over the same fabric, QPs and seed, run twice per round: once as the
-experiment's `workload` (fabric_emu.agent.ring: progress read off per-QP counters, one step
+experiment's `workload` (fabric_emu.nic.drivers.ring: progress read off per-QP counters, one step
 posted at a time) and once as a one-job `workloads` list, which the NIC engines run as a
-Program (fabric_emu.agent.program: every op with its dependencies). Prints busbw and the NIC
+Program (fabric_emu.nic.drivers.program: every op with its dependencies). Prints busbw and the NIC
 engines' CPU per data packet for both, and their ratio: what the general driver costs.
 
 Run as root:  .venv/bin/python benchmarks/program_driver.py [--rounds 2]
@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 from versus import nic_cpu_s  # noqa: E402  (benchmarks are scripts, not a package)
 
-from fabric_emu.config import read_yaml  # noqa: E402
+from fabric_emu.spec.config import read_yaml  # noqa: E402
 
 
 def as_program(tmp: Path) -> Path:

@@ -25,12 +25,12 @@ from mininet.log import setLogLevel
 from mininet.net import Mininet
 from mininet.node import OVSSwitch
 
-from fabric_emu.cleanup import clean_record
-from fabric_emu.config import TopologySpec
-from fabric_emu.fabric import PlanTopo
-from fabric_emu.plan import FabricPlan, build_plan
-from fabric_emu.records import RunLock, RunRecord
-from fabric_emu.routed import RoutedFabric
+from fabric_emu.state.cleanup import clean_record
+from fabric_emu.spec.config import TopologySpec
+from fabric_emu.fabric.build import PlanTopo
+from fabric_emu.topo.plan import FabricPlan, build_plan
+from fabric_emu.state.records import RunLock, RunRecord
+from fabric_emu.fabric.routed import RoutedFabric
 
 
 def fabric_emu_round(plan: FabricPlan) -> tuple[float, float]:

@@ -18,7 +18,7 @@ import sys
 import warnings
 
 from controller.core import uplink_builder
-from fabric_emu import spray
+from fabric_emu.lb import spray
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

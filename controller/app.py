@@ -39,8 +39,8 @@ from controller.core import (UPLINK_BUILDERS, Action, Conflict, DeleteFlows, Fab
                              Message, Output, PacketOut, ResetSwitch, SetEthSrc, ToController,
                              ToGroup)
 from controller.rest import make_app
-from fabric_emu import units
-from fabric_emu.plan import FabricPlan
+from fabric_emu.spec import units
+from fabric_emu.topo.plan import FabricPlan
 from fabric_emu.ports.dlb import DlbTable
 
 LOG = logging.getLogger("fabric_emu.controller")

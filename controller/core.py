@@ -13,7 +13,7 @@ Two tables on every switch (higher priority wins). Table 0 tags, table 1 routes:
   table 1:
   prio 300  leaf:  ipv4_dst=<own host>/32        -> output:<host port>
   prio 250  leaf (spray): ipv4_dst=<other leaf's /24>, udp, udp_src=<b>/<entropies-1>
-                                                 -> output:<uplink b mod n> (fabric_emu.spray)
+                                                 -> output:<uplink b mod n> (fabric_emu.lb.spray)
             leaf (dlb):   ipv4_dst=<other leaf's /24>, udp, nw_ttl=192+i
                                                  -> output:<uplink i> (the flowlet stage's choice,
                                                     fabric_emu/ports/bpf/port.c)
@@ -43,9 +43,9 @@ from typing import Callable, Union
 
 import networkx as nx
 
-from fabric_emu import spray
+from fabric_emu.lb import spray
 from fabric_emu.ports.dlb import TTL_BASE as DLB_TTL_BASE
-from fabric_emu.plan import FabricPlan, Host, Port, Switch
+from fabric_emu.topo.plan import FabricPlan, Host, Port, Switch
 from fabric_emu.ports.model import port_ends
 
 TAG_TABLE = 0
@@ -171,7 +171,7 @@ class UplinkSpread:
 class LbOptions:
     """Parameters of the load-balancing modes (from the experiment spec)."""
 
-    # UDP source ports per QP the NICs rotate through (fabric_emu.spray); None: one, the NICs do
+    # UDP source ports per QP the NICs rotate through (fabric_emu.lb.spray); None: one, the NICs do
     # not rotate (then only a spraying start may pick the default, and nothing can switch to it)
     spray_entropies: int | None = None
 
@@ -197,7 +197,7 @@ def ecmp_uplinks(plan: FabricPlan, leaf: Switch, options: LbOptions, uplinks: li
 
 def spray_uplinks(plan: FabricPlan, leaf: Switch, options: LbOptions, uplinks: list | None = None) -> UplinkSpread:
     """UDP packets go up the uplink their source port's low bits name (the NIC rotates those
-    bits per packet, fabric_emu.spray); anything else is spread as ECMP spreads it."""
+    bits per packet, fabric_emu.lb.spray); anything else is spread as ECMP spreads it."""
     uplinks = plan.uplinks(leaf.name) if uplinks is None else uplinks
     if not uplinks:
         return UplinkSpread((), ToGroup(ECMP_GROUP_ID))

@@ -14,10 +14,10 @@ from typing import Annotated, Callable, Iterator, Optional
 import typer
 from rich.console import Console
 
-from fabric_emu import jobs, traffic
-from fabric_emu.config import SpecError, load_experiment, load_topology, read_yaml
-from fabric_emu.plan import build_plan, resolve_ranks
-from fabric_emu.sweep import Point, RunResult, check_overrides, check_size, grid, parse_over, parse_seeds
+from fabric_emu.workloads import jobs, traffic
+from fabric_emu.spec.config import SpecError, load_experiment, load_topology, read_yaml
+from fabric_emu.topo.plan import build_plan, resolve_ranks
+from fabric_emu.results.sweep import Point, RunResult, check_overrides, check_size, grid, parse_over, parse_seeds
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Emulate RoCEv2 AI-cluster fabrics on Mininet and Open vSwitch.")
@@ -47,7 +47,7 @@ def load_checked(path: Path, sets: list[str], measure: bool = False):
     """Load an experiment and check names that need the plan (the workload's host names).
 
     `dilation: auto` is resolved here, from this machine's cached capacity; `measure` allows
-    measuring it when there is no cache (root, about 10 s; see fabric_emu.capacity)."""
+    measuring it when there is no cache (root, about 10 s; see fabric_emu.measure.capacity)."""
     spec = load_experiment(path, sets)
     auto = spec.topology.dilation == "auto"
     plan = build_plan(spec.topology, dilation=1.0 if auto else None)
@@ -80,7 +80,7 @@ def load_checked(path: Path, sets: list[str], measure: bool = False):
                 raise SpecError([(str(path), f"background.{i}.{end}",
                                   f"unknown host {getattr(b, end)!r} (hosts are {names[0]}..{names[-1]})")])
     if auto:
-        from fabric_emu.capacity import resolve_auto
+        from fabric_emu.measure.capacity import resolve_auto
 
         spec, plan = resolve_auto(spec, plan, ranks, measure)
     if spec.timeout is None:
@@ -107,9 +107,9 @@ def _is_topology_file(path: Path) -> bool:
 def show(spec: Annotated[Path, typer.Argument(help="an experiment or topology YAML file")],
          set_: Annotated[Optional[list[str]], typer.Option("--set", help="override dotted.key=value")] = None) -> None:
     """Validate a spec and print its plan (needs no root)."""
-    from fabric_emu.show import print_plan
+    from fabric_emu.run.show import print_plan
 
-    from fabric_emu.capacity import PROVISIONAL_DILATION, ProbeError
+    from fabric_emu.measure.capacity import PROVISIONAL_DILATION, ProbeError
 
     try:
         if _is_topology_file(spec):
@@ -142,7 +142,7 @@ def _run_checked(experiment: Path, sets: list[str], out_dir: Path, checked: tupl
     """Run a validated experiment (load_checked's result) and return the exit code: measure
     this machine first if dilation: auto has no cached capacity, then build, run, tear down
     and write the results folder."""
-    from fabric_emu.capacity import ProbeError
+    from fabric_emu.measure.capacity import ProbeError
 
     spec, plan, ranks = checked
     if plan.extra.get("dilation_auto", {}).get("provisional_dilation"):
@@ -151,7 +151,7 @@ def _run_checked(experiment: Path, sets: list[str], out_dir: Path, checked: tupl
         except ProbeError as e:
             err.print(f"error: dilation: auto: cannot measure this machine ({e})", markup=False)
             return EXIT_RUNTIME
-    from fabric_emu.runner import Runner
+    from fabric_emu.run.runner import Runner
 
     return Runner(spec, plan, ranks, out_dir, command=command, console=out, metrics_port=metrics_port,
                   metrics_linger_s=metrics_linger_s).run(debug=_debug)
@@ -209,7 +209,7 @@ def lab(experiment: Annotated[Path, typer.Argument(help="experiment YAML file: t
 
 def _lab(experiment: Path, sets: list[str], out_dir: Path, script: list[str] | None, metrics_port: int | None) -> int:
     """The lab's life: up, the prompt (or script), down, whatever ends it."""
-    from fabric_emu.capacity import ProbeError
+    from fabric_emu.measure.capacity import ProbeError
     from fabric_emu.lab.session import LabExit, LabSession, install_exit_handlers
     from fabric_emu.lab.shell import LabCLI
 
@@ -292,7 +292,7 @@ def _folders(parent: Path) -> set[Path]:
 
 def _sweep_one(experiment: Path, run: _SweepRun, out_dir: Path) -> tuple[RunResult, bool]:
     """One run of a sweep, as `fabric-emu run` does it; (its result, whether Ctrl-C stopped it)."""
-    from fabric_emu.compare import read_summary
+    from fabric_emu.results.compare import read_summary
 
     command = [sys.argv[0], *(["--debug"] if _debug else []), "run", str(experiment), "--out", str(out_dir),
                *[a for s in run.sets for a in ("--set", s)]]  # the run's own, to rerun it alone
@@ -336,8 +336,8 @@ def sweep(experiment: Annotated[Path, typer.Argument(help="experiment YAML file"
           out_dir: Annotated[Path, typer.Option("--out", help="results base folder")] = Path("results"),
           set_: Annotated[Optional[list[str]], typer.Option("--set", help="override dotted.key=value")] = None) -> None:
     """Run every combination of the --over values with every seed, then compare them."""
-    from fabric_emu import results
-    from fabric_emu.compare import Comparison, print_comparison, sweep_title, write_sweep
+    from fabric_emu.results import folder as results
+    from fabric_emu.results.compare import Comparison, print_comparison, sweep_title, write_sweep
 
     sets = set_ or []
     try:
@@ -386,7 +386,7 @@ def sweep(experiment: Annotated[Path, typer.Argument(help="experiment YAML file"
 def compare(paths: Annotated[list[Path], typer.Argument(
         help="results folders of runs, sweep folders, or an experiment's folder of runs")]) -> None:
     """Compare finished runs: group them by the spec keys that differ, seeds aggregated."""
-    from fabric_emu.compare import load_comparison, print_comparison
+    from fabric_emu.results.compare import load_comparison, print_comparison
 
     try:
         comp = load_comparison(paths)
@@ -401,7 +401,7 @@ def report(results_dir: Annotated[Path, typer.Argument(
            out_path: Annotated[Optional[Path], typer.Option(
                "--out", help="where to write the page (default: RESULTS_DIR/report.html)")] = None) -> None:
     """Write one self-contained HTML page of a results folder and print its path (needs no root)."""
-    from fabric_emu.report import write_report
+    from fabric_emu.results.report import write_report
 
     try:
         page = write_report(results_dir, out_path)
@@ -417,8 +417,8 @@ def lb(mode: Annotated[Optional[str], typer.Argument(help="ecmp, spray or dlb; l
        run_id: Annotated[Optional[str], typer.Option("--run", help="the run's id, when several are running")] = None
        ) -> None:
     """Show or change the load-balancing mode of the running fabric, live (its controller)."""
-    from fabric_emu.events import RestError, rest_call
-    from fabric_emu.lb_view import print_lb_state
+    from fabric_emu.fabric.events import RestError, rest_call
+    from fabric_emu.lb.view import print_lb_state
 
     record = _live_run("lb", run_id, lambda r: bool(r.controller_url))
     url = record.controller_url
@@ -444,7 +444,7 @@ def lb(mode: Annotated[Optional[str], typer.Argument(help="ecmp, spray or dlb; l
 
 def _live_run(command: str, run_id: str | None, has: Callable[[object], bool]):
     """The one running fabric whose record has what `command` needs (or --run ID); exit 2 if none."""
-    from fabric_emu.records import all_records
+    from fabric_emu.state.records import all_records
 
     live = [r for r in all_records() if r.owner_alive() and has(r) and (run_id is None or r.run_id == run_id)]
     if len(live) == 1:
@@ -487,7 +487,7 @@ def clean() -> None:
     if os.geteuid() != 0:
         err.print("error: fabric-emu clean needs root")
         raise typer.Exit(EXIT_RUNTIME)
-    from fabric_emu.cleanup import clean_stale
+    from fabric_emu.state.cleanup import clean_stale
 
     removed, active = clean_stale()
     for line in removed:

@@ -21,13 +21,14 @@ from typing import Iterator
 
 from rich.console import Console
 
-from fabric_emu import results, spray
-from fabric_emu.cleanup import clean_record, clean_stale
-from fabric_emu.config import ExperimentSpec, SpecError
+from fabric_emu.results import folder as results
+from fabric_emu.lb import spray
+from fabric_emu.state.cleanup import clean_record, clean_stale
+from fabric_emu.spec.config import ExperimentSpec, SpecError
 from fabric_emu.lab.commands import LabInputError, LbRequest, LinkRequest, workload_overrides
-from fabric_emu.plan import FabricPlan
-from fabric_emu.records import RunLock, RunRecord
-from fabric_emu.runner import Interrupted, Runner, _raise_interrupted, keep_logs
+from fabric_emu.topo.plan import FabricPlan
+from fabric_emu.state.records import RunLock, RunRecord
+from fabric_emu.run.runner import Interrupted, Runner, _raise_interrupted, keep_logs
 
 DLB_READY_TIMEOUT_S = 20.0
 
@@ -109,7 +110,7 @@ class LabSession:
         removed, _ = clean_stale()
         if removed:
             self.say(f"removed {len(removed)} leftovers of an earlier run that did not finish")
-        from fabric_emu.fabric import conflicts
+        from fabric_emu.fabric.build import conflicts
 
         taken = conflicts(self.plan)
         if taken:
@@ -158,7 +159,7 @@ class LabSession:
     # ------------------------------------------------------------------ knobs
     def set_lb(self, req: LbRequest) -> dict:
         """Change the load balancing live (the controller), and for the next runs' NICs."""
-        from fabric_emu.events import RestError, rest_call
+        from fabric_emu.fabric.events import RestError, rest_call
 
         self.load({"load_balancing": req.mode})  # validate first
         try:
@@ -171,7 +172,7 @@ class LabSession:
         return change
 
     def _wait_dlb(self) -> None:
-        from fabric_emu.events import RestError, rest_call
+        from fabric_emu.fabric.events import RestError, rest_call
 
         deadline = time.monotonic() + DLB_READY_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -184,7 +185,7 @@ class LabSession:
         raise RuntimeError("the controller did not set the DLB stage up")
 
     def lb_state(self) -> dict:
-        from fabric_emu.events import rest_call
+        from fabric_emu.fabric.events import rest_call
 
         return rest_call(self.record.controller_url)
 

@@ -18,7 +18,7 @@ from typing import TextIO
 from mininet.cli import CLI
 from rich.console import Console
 
-from fabric_emu.config import DcqcnSpec, SpecError
+from fabric_emu.spec.config import DcqcnSpec, SpecError
 from fabric_emu.lab import commands, views
 from fabric_emu.lab.expect import ExpectError, evaluate
 from fabric_emu.lab.session import LabExit, LabSession
@@ -188,7 +188,7 @@ class LabCLI(CLI):
         """lb [ecmp|dlb|spray] [key=value]: show or change the load balancing, live (controller)."""
         req = commands.parse_lb(shlex.split(line))
         if req is None:
-            from fabric_emu.lb_view import print_lb_state
+            from fabric_emu.lb.view import print_lb_state
 
             print_lb_state(self.out, self.session.record.run_id, self.session.lb_state())
             return

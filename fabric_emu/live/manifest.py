@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from fabric_emu.records import write_atomic
+from fabric_emu.state.records import write_atomic
 
 
 @dataclass

@@ -10,9 +10,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from fabric_emu.live.manifest import LiveManifest, LivePort
-from fabric_emu.plan import FabricPlan
+from fabric_emu.topo.plan import FabricPlan
 from fabric_emu.ports.model import PortEnd
-from fabric_emu.records import RunRecord
+from fabric_emu.state.records import RunRecord
 
 
 def live_ports(plan: FabricPlan, ends: list[PortEnd]) -> list[LivePort]:

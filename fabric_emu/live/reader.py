@@ -17,13 +17,13 @@ from pathlib import Path
 
 from pyroute2 import IPRoute
 
-from fabric_emu import counters
-from fabric_emu.counters import PortCounters
-from fabric_emu.fidelity import CPU_SATURATED, _cpu_times
+from fabric_emu.measure import counters
+from fabric_emu.measure.counters import PortCounters
+from fabric_emu.measure.fidelity import CPU_SATURATED, _cpu_times
 from fabric_emu.live.manifest import LiveManifest
 from fabric_emu.live.snapshot import PRIORITIES, PortSample, QpSample, Snapshot
 from fabric_emu.ports import queues
-from fabric_emu.thread_cpu import CLK_TCK, ovs_vswitchd_pid, read_threads
+from fabric_emu.measure.thread_cpu import CLK_TCK, ovs_vswitchd_pid, read_threads
 
 SOCKET_DROPS_EVERY_S = 5.0
 LB_TIMEOUT_S = 0.5
@@ -188,7 +188,7 @@ class LiveReader:
         return out
 
     def _lb_mode(self) -> str:
-        from fabric_emu.events import RestError, rest_call
+        from fabric_emu.fabric.events import RestError, rest_call
 
         if self.manifest.final is None and self.manifest.controller_url:
             try:
@@ -217,7 +217,7 @@ class LiveReader:
                 out["ovs_thread_busy"] = round(max(fracs, default=0.0), 3)
             self._ovs = (pid, now, threads)
         # OVS's thread busy is shown, not judged: its CPU time alone does not say it is behind
-        # (fabric_emu.ovs_stats), and reading its batch statistics would clear the ones the
+        # (fabric_emu.measure.ovs_stats), and reading its batch statistics would clear the ones the
         # run's own fidelity monitor reads. The run's summary gives the full verdict.
         out["saturated"] = bool(out.get("cpu_saturated"))
         return out

@@ -1,7 +1,7 @@
 """A live snapshot of a running fabric, and what is derived from two of them. Pure: the reader
 (fabric_emu.live.reader) fills it from counters; top, the exporter and tests consume it.
 
-Port counters mean what ports.csv's columns mean (fabric_emu.counters.PortCounters.row): once
+Port counters mean what ports.csv's columns mean (fabric_emu.measure.counters.PortCounters.row): once
 the run has a baseline (the counters when traffic started) they count from it, so the last
 snapshot of a run equals its ports.csv; before that they count from the ports' creation.
 """

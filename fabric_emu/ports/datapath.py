@@ -14,12 +14,12 @@ import struct
 from collections.abc import Iterable
 from pathlib import Path
 
-from fabric_emu.compiled import build_cached
-from fabric_emu.ports import bpfsys
+from fabric_emu.kernel.compiled import build_cached
+from fabric_emu.kernel import bpfsys
 from fabric_emu.ports.layout import NPRIO, PER_PRIO_COUNTERS, PORT_COUNTERS, PortTable
 from fabric_emu.ports.model import PortEnd
 from fabric_emu.ports.qp_limiter import QP_MAJOR
-from fabric_emu.shaping import IPRoutePool, link_index
+from fabric_emu.kernel.shaping import IPRoutePool, link_index
 
 SOURCE = Path(__file__).with_name("bpf") / "port.c"
 CACHE = Path("/var/lib/fabric-emu/bpf")

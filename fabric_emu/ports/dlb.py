@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from fabric_emu.ports import bpfsys
+from fabric_emu.kernel import bpfsys
 
 MAX_LEAVES = 256
 MAX_UPLINKS = 16

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from fabric_emu.cc.red import pmax_scaled
-from fabric_emu.plan import ETH_HEADER, FabricPlan
+from fabric_emu.topo.plan import ETH_HEADER, FabricPlan
 from fabric_emu.ports.layout import MAX_PORTS, NO_PORT, NPRIO, PORT_ECN, PORT_PFC, PORT_SWITCH
 
 NIC_QUEUE_FRAMES = 16
@@ -151,7 +151,7 @@ def port_plan(plan: FabricPlan, ecn: EcnSettings, pfc: PfcSettings) -> PortPlan:
 def default_settings(plan: FabricPlan) -> tuple[EcnSettings, PfcSettings]:
     """The spec's defaults for this plan, for callers without an experiment (benchmarks, tests)."""
     from fabric_emu.cc.headroom import headroom_bytes
-    from fabric_emu.config import EcnSpec, PfcSpec, resolve_thresholds
+    from fabric_emu.spec.config import EcnSpec, PfcSpec, resolve_thresholds
 
     e, p = EcnSpec(), PfcSpec()
     need = headroom_bytes(plan.mtu + ETH_HEADER, max(ln.gbps for ln in plan.links), p.cable_length)

@@ -34,10 +34,11 @@ from pathlib import Path
 from pyroute2 import netns as pr_netns
 
 from fabric_emu.cc.pfc import RECONCILE_S, PauseReceiver, PauseSender, REFRESH_FRACTION, pause_seconds, pfc_frame
-from fabric_emu.ports import bpfsys, queues
+from fabric_emu.kernel import bpfsys
+from fabric_emu.ports import queues
 from fabric_emu.ports.datapath import PortMaps
 from fabric_emu.ports.layout import EV_PFC_RX, EV_XOFF, EV_XON, NO_PORT, Event
-from fabric_emu.shaping import IPRoutePool, link_index
+from fabric_emu.kernel.shaping import IPRoutePool, link_index
 
 SOL_PACKET = 263
 PACKET_QDISC_BYPASS = 20

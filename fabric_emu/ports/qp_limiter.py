@@ -1,6 +1,6 @@
 """Per-queue-pair rate limiters of a host NIC, enforced by the kernel.
 
-The NIC model (fabric_emu.agent) decides each send queue pair's DCQCN rate; the kernel paces the
+The NIC model (fabric_emu.nic) decides each send queue pair's DCQCN rate; the kernel paces the
 packets. On a host NIC the RoCE class's PFC gate (TBF 13:, see fabric_emu.ports.queues) holds an
 HTB 30: instead of a FIFO: queue pair k's socket carries SO_MARK qp_mark(k), the port's
 qp_classify program (bpf/port.c) puts its packets in class 30:<mark>, whose rate = ceil = the
@@ -48,7 +48,7 @@ import struct
 
 from pyroute2.netlink.rtnl.tcmsg.common import tick_in_usec
 
-from fabric_emu import shaping
+from fabric_emu.kernel import shaping
 
 QP_MAJOR = 0x300000  # the HTB 30: inside the RoCE class's gate
 QP_MINOR_BASE = 0x100  # queue pair k: class 30:(0x100 + k), SO_MARK 0x100 + k

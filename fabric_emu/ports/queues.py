@@ -54,9 +54,9 @@ from pyroute2.netlink.rtnl.tcmsg import plugins as tc_plugins
 from pyroute2.netlink.rtnl.tcmsg import sched_tbf
 from pyroute2.netlink.rtnl.tcmsg.common import get_rate_parameters
 
-from fabric_emu import shaping
+from fabric_emu.kernel import shaping
 from fabric_emu.ports import qp_limiter
-from fabric_emu.shaping import IPRoutePool, borrowed, link_index, netlink_fd_in
+from fabric_emu.kernel.shaping import IPRoutePool, borrowed, link_index, netlink_fd_in
 
 PRIORITIES = (0, 3, 6)  # the classes every port has: default, RoCE (lossless), CNP
 LOSSLESS = 3

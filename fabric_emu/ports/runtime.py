@@ -19,7 +19,7 @@ from fabric_emu.ports import datapath
 from fabric_emu.ports.layout import NPRIO, PORT_ECN, PORT_PFC
 from fabric_emu.ports.model import PortPlan, PortSettings, bpf_config
 from fabric_emu.ports.pfcd import Config, DaemonPort
-from fabric_emu.records import RunRecord
+from fabric_emu.state.records import RunRecord
 
 READY_TIMEOUT_S = 20.0
 

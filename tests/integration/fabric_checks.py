@@ -11,10 +11,10 @@ from pathlib import Path
 
 from pyroute2 import IPRoute
 
-from fabric_emu.fabric import switch_interfaces
-from fabric_emu.plan import FabricPlan
+from fabric_emu.fabric.build import switch_interfaces
+from fabric_emu.topo.plan import FabricPlan
 from fabric_emu.ports.datapath import PIN_ROOT
-from fabric_emu.records import OVS_OWNER_KEY, RUNS_DIR
+from fabric_emu.state.records import OVS_OWNER_KEY, RUNS_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -61,7 +61,7 @@ def our_processes() -> list[str]:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if (b"fabric_emu.agent" in cmd or b"fabric_emu.ports.pfcd" in cmd
+        if (b"fabric_emu.nic" in cmd or b"fabric_emu.ports.pfcd" in cmd
                 or (b"-m" in cmd and b"controller" in cmd)):
             found.append(f"{pid}: {b' '.join(cmd).decode(errors='replace')}")
     return found

@@ -12,7 +12,7 @@ from typing import TypeVar
 
 from pyroute2 import IPRoute, netns
 
-from fabric_emu import shaping
+from fabric_emu.kernel import shaping
 
 T = TypeVar("T")
 

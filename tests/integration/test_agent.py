@@ -25,9 +25,9 @@ from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 from scapy.utils import rdpcap
 
-from fabric_emu import roce
-from fabric_emu.agent.config import AgentConfig, EngineConfig, RankInfo, WorkloadConfig
-from fabric_emu.collectives import RingAllReduce, algbw, allreduce_busbw
+from fabric_emu.wire import roce
+from fabric_emu.nic.config import AgentConfig, EngineConfig, RankInfo, WorkloadConfig
+from fabric_emu.workloads.collectives import RingAllReduce, algbw, allreduce_busbw
 from fabric_emu.ports import datapath, queues
 from fabric_emu.ports.model import NIC_QUEUE_FRAMES, PortEnd
 
@@ -132,7 +132,7 @@ def running_engines(cfgs: list[AgentConfig], tmp: Path, engines: int = 1) -> Ite
         for e in range(engines):
             path = tmp / f"engine{e}.config.json"
             path.write_text(EngineConfig(engine=e, tick_s=0.002, hosts=tuple(cfgs[e::engines])).to_json())
-            procs.append(subprocess.Popen([sys.executable, "-m", "fabric_emu.agent", str(path)],
+            procs.append(subprocess.Popen([sys.executable, "-m", "fabric_emu.nic", str(path)],
                                           cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
         for p in procs:
             assert p.stdout.readline().strip() == "READY"

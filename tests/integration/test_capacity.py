@@ -8,8 +8,8 @@ import subprocess
 import pytest
 from pyroute2 import IPRoute
 
-from fabric_emu import capacity
-from fabric_emu.records import all_records
+from fabric_emu.measure import capacity
+from fabric_emu.state.records import all_records
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

@@ -16,9 +16,9 @@ import time
 import pytest
 from scapy.layers.l2 import ARP, Ether
 
-from fabric_emu.config import TopologySpec
-from fabric_emu.controller_proc import ControllerProcess, start_controller
-from fabric_emu.plan import FabricPlan, Switch, build_plan
+from fabric_emu.spec.config import TopologySpec
+from fabric_emu.fabric.controller import ControllerProcess, start_controller
+from fabric_emu.topo.plan import FabricPlan, Switch, build_plan
 
 
 def _ovs_usable() -> bool:

@@ -13,7 +13,8 @@ import pytest
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from fabric_emu.ports import bpfsys, datapath
+from fabric_emu.kernel import bpfsys
+from fabric_emu.ports import datapath
 from fabric_emu.ports.dlb import TTL_BASE, DlbTable
 
 pytestmark = [pytest.mark.root]

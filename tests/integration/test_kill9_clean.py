@@ -11,7 +11,7 @@ import time
 import pytest
 
 from fabric_emu.cli import load_checked
-from fabric_emu.records import RUNS_DIR, RunRecord
+from fabric_emu.state.records import RUNS_DIR, RunRecord
 from tests.integration.fabric_checks import REPO, fabric_emu, leftovers, our_bridges, read_json
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]

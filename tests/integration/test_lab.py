@@ -15,9 +15,9 @@ import pexpect
 import pytest
 
 from fabric_emu.cli import load_checked
-from fabric_emu import rps
+from fabric_emu.kernel import rps
 from fabric_emu.ports.datapath import PortMaps
-from fabric_emu.records import RUNS_DIR, RunRecord, all_records
+from fabric_emu.state.records import RUNS_DIR, RunRecord, all_records
 from tests.integration.fabric_checks import REPO, fabric_emu, leftovers, our_bridges, read_json
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -144,7 +144,7 @@ def test_the_pfc_daemon_follows_port_state_it_heard_no_event_about(plan, tmp_pat
             assert wait_for(lambda: t.get(host, "paused_since", 3) == 0), "h2 stayed paused"
         finally:
             maps.close()
-        # Receive packet steering (fabric_emu.rps) is on at both ends of h2's link, as read back
+        # Receive packet steering (fabric_emu.kernel.rps) is on at both ends of h2's link, as read back
         # from the kernel: the switch end from the machine's sysfs, the host end from h2's own.
         want = int(rps.all_cpus_mask().replace(",", ""), 16)
         switch_end = Path("/sys/class/net/leaf1-eth2/queues/rx-0/rps_cpus").read_text()

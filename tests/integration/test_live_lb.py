@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from fabric_emu.events import RestError, rest_call
-from fabric_emu.records import all_records
+from fabric_emu.fabric.events import RestError, rest_call
+from fabric_emu.state.records import all_records
 from tests.integration.fabric_checks import REPO, fabric_emu, only_run_dir, read_csv, read_json
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]

@@ -19,7 +19,7 @@ import urllib.request
 
 import pytest
 
-from fabric_emu.records import all_records
+from fabric_emu.state.records import all_records
 from tests.integration.fabric_checks import REPO, only_run_dir, read_csv, read_json
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]

@@ -58,7 +58,7 @@ def test_incast_with_pfc_loses_nothing_and_pauses_spread_upstream(incast):
                for row in read_csv(run_dir / "ports.csv") if any("drop" in k and v not in ("0", "") for k, v in row.items())]
     assert s["switch"]["lossless_drops"] == 0 and s["switch"]["drops"] == 0, (dropped, s["switch"], s.get("pfc_reaction"))
     t = s["transport"]
-    # Nothing resent either: before fabric_emu.rps, a CI run saw 39 packets resent after the
+    # Nothing resent either: before fabric_emu.kernel.rps, a CI run saw 39 packets resent after the
     # emulator's per-CPU veth backlogs delivered one flow out of order.
     assert t["delivered_fraction"] == 1.0 and t["lost_packets"] == 0 and t["retransmitted_packets"] == 0, t
     ports = read_csv(run_dir / "ports.csv")
@@ -133,7 +133,7 @@ def tshark_fields(pcap: Path, *fields: str, display_filter: str = "infiniband") 
 
 
 def test_data_acks_and_naks_decode_in_tshark_with_valid_icrc(lossy):
-    from fabric_emu import roce
+    from fabric_emu.wire import roce
     from scapy.utils import rdpcap
 
     run_dir, _ = lossy
@@ -233,7 +233,7 @@ def test_every_sender_is_cut_and_recovers(dcqcn):
 
 
 def test_cnps_decode_in_tshark_and_data_icrc_is_valid(dcqcn):
-    from fabric_emu import roce
+    from fabric_emu.wire import roce
     from scapy.utils import rdpcap
 
     run_dir, _ = dcqcn
@@ -253,7 +253,7 @@ def convergence(tmp_path_factory):
 
 
 def test_two_flows_converge_to_a_fair_share(convergence):
-    from fabric_emu.summary import jain_index
+    from fabric_emu.results.summary import jain_index
 
     run_dir, r = convergence
     assert r.returncode == 0, r.stdout + r.stderr

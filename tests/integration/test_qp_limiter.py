@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from fabric_emu import roce
+from fabric_emu.wire import roce
 from fabric_emu.ports import datapath, queues
 from fabric_emu.ports.model import NIC_QUEUE_FRAMES, PortEnd
 from fabric_emu.ports.qp_limiter import QP_MAJOR, QpLimiter, link_index, qp_class, qp_mark
-from fabric_emu.shaping import IPRoutePool
+from fabric_emu.kernel.shaping import IPRoutePool
 from tests.integration.netns_pair import Pair, udp_socket, veth_pair
 
 pytestmark = [pytest.mark.root, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import pytest
 from pyroute2 import netns
 
-from fabric_emu import shaping
+from fabric_emu.kernel import shaping
 from tests.integration.netns_pair import Pair, make_veth, udp_socket, veth_pair
 
 pytestmark = [pytest.mark.root, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from fabric_emu.cleanup import clean_record
+from fabric_emu.state.cleanup import clean_record
 from fabric_emu.cli import load_checked
-from fabric_emu.events import rest_call
-from fabric_emu.plan import FabricPlan
-from fabric_emu.records import RunLock, RunRecord
-from fabric_emu.routed import RoutedFabric
+from fabric_emu.fabric.events import rest_call
+from fabric_emu.topo.plan import FabricPlan
+from fabric_emu.state.records import RunLock, RunRecord
+from fabric_emu.fabric.routed import RoutedFabric
 from tests.integration.fabric_checks import REPO, leftovers, read_csv, read_json, run_shipped
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]

@@ -6,9 +6,9 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from fabric_emu.agent.program import ProgramRunner
-from fabric_emu.program import Program
-from fabric_emu.workload import host_programs
+from fabric_emu.nic.drivers.program import ProgramRunner
+from fabric_emu.workloads.program import Program
+from fabric_emu.nic.launch import host_programs
 
 
 @dataclass
@@ -91,5 +91,5 @@ def run(p: Program, rate_Bps: float = 1e9, latency_s: float = 0.0, limit_s: floa
 
 
 def times(p: Program, runners) -> list:
-    from fabric_emu.jobs import op_times
+    from fabric_emu.workloads.jobs import op_times
     return op_times(p, {h: r.op_log() for h, r in runners.items()})

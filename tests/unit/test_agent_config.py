@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from fabric_emu.agent.config import AgentConfig, ConfigError, RankInfo, WorkloadConfig
+from fabric_emu.nic.config import AgentConfig, ConfigError, RankInfo, WorkloadConfig
 
 
 def config(**over) -> dict:

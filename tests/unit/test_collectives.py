@@ -2,7 +2,7 @@
 
 import pytest
 
-from fabric_emu.collectives import (
+from fabric_emu.workloads.collectives import (
     ALL_GATHER,
     REDUCE_SCATTER,
     RingAllReduce,

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from fabric_emu.cli import load_checked
-from fabric_emu.config import SpecError, load_experiment, load_topology
+from fabric_emu.spec.config import SpecError, load_experiment, load_topology
 
 
 def problems(exc: pytest.ExceptionInfo) -> list[tuple[str, str, str]]:

@@ -13,9 +13,9 @@ from scapy.layers.l2 import ARP, Ether
 
 from controller.core import (ECMP_HASH_FIELDS, FabricCore, Flow, Group, LbOptions, Output, PacketOut,
                              ResetSwitch, ToController, ToGroup)
-from fabric_emu import spray
-from fabric_emu.config import TopologySpec
-from fabric_emu.plan import FabricPlan, Host, build_plan
+from fabric_emu.lb import spray
+from fabric_emu.spec.config import TopologySpec
+from fabric_emu.topo.plan import FabricPlan, Host, build_plan
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +189,7 @@ def test_dlb_sends_each_ttl_value_up_its_uplink_and_masks_what_cannot_reach(plan
 
 @pytest.mark.parametrize("spines,entropies", [(4, None), (4, 16), (2, None), (3, None)])
 def test_spray_sends_each_entropy_value_up_its_own_uplink(spines, entropies):
-    """A QP's UDP source ports (fabric_emu.spray.entropy_ports) map onto the uplinks exactly as
+    """A QP's UDP source ports (fabric_emu.lb.spray.entropy_ports) map onto the uplinks exactly as
     spray.shares says; traffic that is not UDP still goes through the ECMP group."""
     plan = build_plan(TopologySpec(name="t", kind="leaf-spine", spines=spines, leaves=2,
                                    hosts_per_leaf=1))

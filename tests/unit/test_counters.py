@@ -1,6 +1,6 @@
 import pytest
 
-from fabric_emu.counters import PortCounters, delta, parse_dump_ports, parse_socket_drops, totals
+from fabric_emu.measure.counters import PortCounters, delta, parse_dump_ports, parse_socket_drops, totals
 
 
 def test_delta_subtracts_counters_and_keeps_identity():

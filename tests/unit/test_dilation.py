@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from fabric_emu import capacity
-from fabric_emu.config import ExperimentSpec, SpecError, load_experiment
-from fabric_emu.dilation import (MAX_DILATION, Capacity, PlannedLoad, choose_dilation, explain,
+from fabric_emu.measure import capacity
+from fabric_emu.spec.config import ExperimentSpec, SpecError, load_experiment
+from fabric_emu.measure.dilation import (MAX_DILATION, Capacity, PlannedLoad, choose_dilation, explain,
                                  fair_rates, nice_numbers, planned_load, utilisation)
-from fabric_emu.plan import build_plan
+from fabric_emu.topo.plan import build_plan
 
 TOPO = {"name": "t", "kind": "leaf-spine", "spines": 2, "leaves": 4, "hosts_per_leaf": 2, "dilation": "auto"}
 FRAME = 4096 + 60 + 14  # RoCE path MTU + RoCE/IP headers + Ethernet at MTU 4200
@@ -201,7 +201,7 @@ def test_show_prints_the_chosen_dilation_and_the_figures_behind_it(spec_dir: Pat
 def test_show_without_a_measurement_says_it_is_provisional():
     from rich.console import Console
 
-    from fabric_emu.show import print_plan
+    from fabric_emu.run.show import print_plan
 
     s = spec({"type": "allreduce", "size": "8MB"})
     plan1 = build_plan(s.topology, dilation=1.0)

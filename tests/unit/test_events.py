@@ -1,12 +1,12 @@
-"""The event schedule (fabric_emu.events) and its spec validation, without a fabric."""
+"""The event schedule (fabric_emu.fabric.events) and its spec validation, without a fabric."""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
 
-from fabric_emu.config import EventSpec
-from fabric_emu.events import schedule
+from fabric_emu.spec.config import EventSpec
+from fabric_emu.fabric.events import schedule
 
 
 def test_events_fire_in_time_order_at_go_plus_dilated_time():

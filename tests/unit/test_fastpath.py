@@ -1,4 +1,4 @@
-"""The compiled send and receive path (fabric_emu/agent/fastpath.c) over real UDP sockets on
+"""The compiled send and receive path (fabric_emu/nic/fastpath.c) over real UDP sockets on
 loopback: its packets are byte for byte the reference builder's, ICRC included, and its receive
 records say what the packets said, merged only where the responder may take them as a run."""
 
@@ -8,8 +8,8 @@ import socket
 
 import pytest
 
-from fabric_emu import roce
-from fabric_emu.agent import fastpath
+from fabric_emu.wire import roce
+from fabric_emu.nic import fastpath
 
 IP = "127.0.0.1"
 QPN, VA, RKEY = 0x0012AB, 0, 0x0012AB

@@ -1,4 +1,4 @@
-from fabric_emu.fidelity import verdict
+from fabric_emu.measure.fidelity import verdict
 
 
 def test_saturated_cpu_and_slow_agents_are_untrusted():
@@ -22,7 +22,7 @@ def _cores_in_proc_stat() -> int:
 def test_cpu_monitor_samples_until_the_phase_ends():
     import time
 
-    from fabric_emu.fidelity import CpuMonitor
+    from fabric_emu.measure.fidelity import CpuMonitor
 
     with CpuMonitor(interval_s=0.05, ovs=False) as cpu:  # machine figures only
         end = time.monotonic() + 0.4
@@ -38,7 +38,7 @@ def test_cpu_monitor_samples_until_the_phase_ends():
 
 
 def test_cpu_monitor_summary_from_samples():
-    from fabric_emu.fidelity import CpuMonitor
+    from fabric_emu.measure.fidelity import CpuMonitor
 
     cpu = CpuMonitor()
     assert cpu.summary()["cpu_busy_mean"] is None

@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from fabric_emu.agent.config import AgentConfig, ConfigError, FlowConfig, FlowsConfig, RankInfo, RingConfig
-from fabric_emu.agent.flows import FlowRunner, own_qps
-from fabric_emu.agent.qps import build_qp_table
-from fabric_emu.collectives import ring_edges
-from fabric_emu.config import FlowsWorkload, IncastWorkload
-from fabric_emu.traffic import Flow, agent_hosts, flows_line_rate_s, workload_flows
+from fabric_emu.nic.config import AgentConfig, ConfigError, FlowConfig, FlowsConfig, RankInfo, RingConfig
+from fabric_emu.nic.drivers.flows import FlowRunner, own_qps
+from fabric_emu.nic.qps import build_qp_table
+from fabric_emu.workloads.collectives import ring_edges
+from fabric_emu.spec.config import FlowsWorkload, IncastWorkload
+from fabric_emu.workloads.traffic import Flow, agent_hosts, flows_line_rate_s, workload_flows
 
 HOSTS = [f"h{i}" for i in range(1, 9)]
 
@@ -82,7 +82,7 @@ def test_agent_config_rejects_flows_outside_the_ranks(flow, field):
 
 def test_orchestrator_dilates_start_times_and_runs_only_the_hosts_involved(spec_dir, tmp_path):
     from fabric_emu.cli import load_checked
-    from fabric_emu.workload import agent_configs, unchecked_pairs
+    from fabric_emu.nic.launch import agent_configs, unchecked_pairs
 
     (spec_dir / "exp.yaml").write_text(
         "name: e\ntopology: topo.yaml\nworkload: {type: flows, flows: [{src: h1, dst: h5, size: 1MB},"

@@ -10,8 +10,8 @@ import pytest
 from rich.console import Console
 
 from fabric_emu.cli import load_checked
-from fabric_emu.summary import build_summary, flow_rows, flows_metrics, jain_index, print_summary
-from fabric_emu.traffic import Flow
+from fabric_emu.results.summary import build_summary, flow_rows, flows_metrics, jain_index, print_summary
+from fabric_emu.workloads.traffic import Flow
 
 D = 2000  # dilation
 
@@ -114,8 +114,8 @@ def test_loss_shows_as_rc_recovery(incast_spec):
 
 
 def test_flow_rows_have_completion_and_goodput():
-    from fabric_emu.config import TopologySpec
-    from fabric_emu.plan import build_plan
+    from fabric_emu.spec.config import TopologySpec
+    from fabric_emu.topo.plan import build_plan
 
     plan = build_plan(TopologySpec(name="t", kind="leaf-spine", spines=1, leaves=2, hosts_per_leaf=2))
     rows = {r["src"]: r for r in flow_rows(plan, incast_agents())}

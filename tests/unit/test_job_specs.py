@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from fabric_emu import jobs
+from fabric_emu.workloads import jobs
 from fabric_emu.cli import DEFAULT_TIMEOUT_BASE_S, load_checked
-from fabric_emu.config import SpecError, load_experiment
+from fabric_emu.spec.config import SpecError, load_experiment
 from tests.unit import program_sim
 from tests.unit.test_workload_specs import REPO, fabric_emu
 
@@ -76,7 +76,7 @@ def test_the_shipped_job_experiments_load_and_show():
 def test_placement_changes_what_crosses_the_spine():
     def across(placement: str) -> int:
         spec = load_experiment(REPO / "experiments/training-3d.yaml", [f"workload.placement={placement}"])
-        from fabric_emu.plan import build_plan
+        from fabric_emu.topo.plan import build_plan
         plan = build_plan(spec.topology)
         js = jobs.resolve_jobs(spec, plan)
         p = jobs.build_program(js)
@@ -88,8 +88,8 @@ def test_placement_changes_what_crosses_the_spine():
 
 def test_summary_of_two_jobs_from_fake_nics():
     """The summary's jobs section, from op times of a run on fake NICs (tests/unit/program_sim)."""
-    from fabric_emu.plan import build_plan
-    from fabric_emu.summary import jobs_section
+    from fabric_emu.topo.plan import build_plan
+    from fabric_emu.results.summary import jobs_section
 
     spec = load_experiment(REPO / "experiments/two-jobs.yaml")
     plan = build_plan(spec.topology)

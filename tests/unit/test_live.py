@@ -12,7 +12,7 @@ from prometheus_client.core import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from rich.console import Console
 
-from fabric_emu.agent.live import LivePublisher
+from fabric_emu.nic.live import LivePublisher
 from fabric_emu.live.exporter import MetricsServer, SnapshotCollector, metric_families
 from fabric_emu.live.manifest import LiveManifest, LivePort
 from fabric_emu.live.reader import final_row

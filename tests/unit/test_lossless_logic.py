@@ -11,7 +11,7 @@ import pytest
 from fabric_emu.cc.headroom import headroom_bytes, response_quanta
 from fabric_emu.cc.pfc import PauseReceiver, PauseSender, pause_seconds, pfc_frame
 from fabric_emu.cc.red import PMAX_SCALE, mark_probability, pmax_scaled
-from fabric_emu.config import SpecError, load_experiment
+from fabric_emu.spec.config import SpecError, load_experiment
 from fabric_emu.ports import layout
 
 C_SOURCE = Path(__file__).resolve().parents[2] / "fabric_emu" / "ports" / "bpf" / "port.c"
@@ -144,15 +144,15 @@ def test_thresholds_checks_skip_what_is_off(spec_dir: Path) -> None:
 
 # ------------------------------------------------------------------ report
 def _plan():
-    from fabric_emu.config import TopologySpec
-    from fabric_emu.plan import build_plan
+    from fabric_emu.spec.config import TopologySpec
+    from fabric_emu.topo.plan import build_plan
 
     return build_plan(TopologySpec(name="t", kind="leaf-spine", spines=1, leaves=2, hosts_per_leaf=1,
                                    dilation=1000))
 
 
 def test_pause_rows_are_relative_to_the_start_in_both_worlds() -> None:
-    from fabric_emu.ports.report import pause_rows
+    from fabric_emu.results.lossless import pause_rows
 
     rows = pause_rows(_plan(), {"intervals": {"spine1-eth1": [[10.5, 10.6]], "h2-eth0": [[11.0, None]],
                                               "gone-eth9": [[1, 2]]}}, t0=10.0)
@@ -164,7 +164,7 @@ def test_pause_rows_are_relative_to_the_start_in_both_worlds() -> None:
 
 
 def test_reaction_summary_in_both_worlds() -> None:
-    from fabric_emu.ports.report import reaction_summary
+    from fabric_emu.results.lossless import reaction_summary
 
     assert reaction_summary({}, 2000) is None
     r = reaction_summary({"reaction_s": [0.004, 0.001, 0.002]}, 2000)
@@ -172,7 +172,7 @@ def test_reaction_summary_in_both_worlds() -> None:
 
 
 def _row(**kw):
-    from fabric_emu.counters import PortCounters
+    from fabric_emu.measure.counters import PortCounters
 
     return PortCounters("leaf1", 1, "leaf1-eth1", "h1", "host", **kw)
 
@@ -182,7 +182,7 @@ ECN = {"enabled": True, "kmin": 100_000, "kmax": 400_000}
 
 def test_lossless_warnings_name_each_broken_promise() -> None:
     from fabric_emu.ports.model import PfcSettings
-    from fabric_emu.ports.report import lossless_warnings
+    from fabric_emu.results.lossless import lossless_warnings
 
     pfc = PfcSettings(True, 100_000, 80_000, 47_104, 0xFFFF)
     fine = [_row(max_backlog_p3=300_000, ecn_marked_p3=5, max_held_p3=120_000, pause_tx_p3=2)]
@@ -220,7 +220,7 @@ def test_show_prints_the_classes_and_thresholds_each_port_gets() -> None:
 
 
 def test_a_dead_or_failing_pfc_daemon_is_a_warning() -> None:
-    from fabric_emu.ports.report import daemon_warnings
+    from fabric_emu.results.lossless import daemon_warnings
 
     assert daemon_warnings({"intervals": {}, "errors": []}) == []
     (w,) = daemon_warnings({"died": "exit code -9"})
@@ -234,7 +234,7 @@ def test_a_dead_or_failing_pfc_daemon_is_a_warning() -> None:
 
 def test_the_slowest_pause_is_split_into_its_stages() -> None:
     from fabric_emu.ports.pfcd import split_reaction
-    from fabric_emu.ports.report import reaction_summary
+    from fabric_emu.results.lossless import reaction_summary
 
     ms = 1_000_000
     split = split_reaction((0, 1 * ms), (2 * ms, 3 * ms), 10 * ms)  # a slow tc change

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from fabric_emu.config import TopologySpec
-from fabric_emu.plan import FabricPlan, build_plan, roce_path_mtu
+from fabric_emu.spec.config import TopologySpec
+from fabric_emu.topo.plan import FabricPlan, build_plan, roce_path_mtu
 
 
 def plan(**kw) -> FabricPlan:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from fabric_emu.config import (SWITCH_PORT_RE, FatTreeSpec, RailOptimizedSpec, SpecError, load_experiment,
+from fabric_emu.spec.config import (SWITCH_PORT_RE, FatTreeSpec, RailOptimizedSpec, SpecError, load_experiment,
                                load_topology)
-from fabric_emu.plan import FabricPlan, build_plan
+from fabric_emu.topo.plan import FabricPlan, build_plan
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fabric_emu.plots import write_plots
+from fabric_emu.results.plots import write_plots
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 DILATION = 2000

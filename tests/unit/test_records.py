@@ -1,6 +1,6 @@
 import json
 
-from fabric_emu import records
+from fabric_emu.state import records
 
 
 def test_record_from_another_version_still_loads(tmp_path, monkeypatch):

@@ -17,7 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from fabric_emu.report import MAX_ROWS, OPEN_ROWS, summary_figures  # noqa: E402
+from fabric_emu.results.report import MAX_ROWS, OPEN_ROWS, summary_figures  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 EVIL = '<script>alert("x")</script>&'  # must reach the page as text, never as markup
@@ -165,8 +165,8 @@ def test_folder_of_runs_gets_an_index(tmp_path: Path):
 
 
 def test_sweep_folder_gets_an_index_with_its_plot(tmp_path: Path):
-    from fabric_emu.compare import Comparison, write_sweep
-    from fabric_emu.sweep import RunResult, grid, parse_over
+    from fabric_emu.results.compare import Comparison, write_sweep
+    from fabric_emu.results.sweep import RunResult, grid, parse_over
 
     exp = tmp_path / "tiny"
     runs = [make_run(exp / f"2026-01-01T00-0{i}-00Z") for i in (1, 2)]

@@ -5,9 +5,9 @@ from scapy.contrib.roce import BTH
 from scapy.layers.inet import IP, UDP
 from scapy.packet import Raw
 
-from fabric_emu import roce
-from fabric_emu.agent.qps import build_qp_table
-from fabric_emu.collectives import ring_edges
+from fabric_emu.wire import roce
+from fabric_emu.nic.qps import build_qp_table
+from fabric_emu.workloads.collectives import ring_edges
 
 SRC, DST, SPORT = "10.99.0.1", "10.99.0.2", 0xC123
 

@@ -19,7 +19,7 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 from scapy.utils import wrpcap
 
-from fabric_emu import roce
+from fabric_emu.wire import roce
 
 SRC, DST, SPORT, QPN = "10.99.0.1", "10.99.0.2", 0xC123, 0x123456
 VA, RKEY = 0x7F0012345000, 0xABCD

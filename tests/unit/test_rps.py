@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from fabric_emu.rps import cpu_mask, steer
+from fabric_emu.kernel.rps import cpu_mask, steer
 
 
 def test_cpu_masks_are_32_bit_hex_words_most_significant_first() -> None:

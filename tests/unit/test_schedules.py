@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from fabric_emu import jobs, schedules
-from fabric_emu.program import COMPUTE, RECV, SEND, Program
+from fabric_emu.workloads import jobs, schedules
+from fabric_emu.workloads.program import COMPUTE, RECV, SEND, Program
 from tests.unit import program_sim
 
 HOSTS = [f"h{i}" for i in range(1, 9)]

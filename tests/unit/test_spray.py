@@ -1,10 +1,10 @@
-"""Packet spraying's entropy values and their mapping onto uplinks (fabric_emu.spray)."""
+"""Packet spraying's entropy values and their mapping onto uplinks (fabric_emu.lb.spray)."""
 
 from __future__ import annotations
 
 import pytest
 
-from fabric_emu import spray
+from fabric_emu.lb import spray
 
 
 @pytest.mark.parametrize("uplinks,want", [(1, 1), (2, 2), (4, 4), (8, 8), (3, 32), (6, 64), (12, 64)])

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from fabric_emu.compare import Comparison, load_comparison, read_sweep, write_sweep
-from fabric_emu.config import SpecError
-from fabric_emu.sweep import (
+from fabric_emu.results.compare import Comparison, load_comparison, read_sweep, write_sweep
+from fabric_emu.spec.config import SpecError
+from fabric_emu.results.sweep import (
     Axis, Point, RunResult, check_overrides, check_size, comparison_rows, describe, grid,
     group_by_differences, parse_over, parse_seeds, run_rows, split_values,
 )
@@ -166,7 +166,7 @@ def test_comparison_aggregates_the_ok_runs_of_each_point():
 
 
 def test_runs_csv_rows_round_trip(tmp_path: Path):
-    from fabric_emu.results import write_csv
+    from fabric_emu.results.folder import write_csv
 
     points = grid(parse_over(["workload.size=1MB,2MB"]))
     runs = [RunResult.of_summary(1, 1, "results/e/t1", summary(100.0, 0.9)),

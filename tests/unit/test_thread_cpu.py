@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 
-from fabric_emu.fidelity import CpuMonitor, verdict
-from fabric_emu.thread_cpu import (ThreadSeries, ThreadWatch, busiest_per_label, busy_fractions,
+from fabric_emu.measure.fidelity import CpuMonitor, verdict
+from fabric_emu.measure.thread_cpu import (ThreadSeries, ThreadWatch, busiest_per_label, busy_fractions,
                                    parse_task_stat, read_threads, thread_rows)
 
 
@@ -172,7 +172,7 @@ main thread:
 
 
 def test_parse_the_main_threads_pmd_stats():
-    from fabric_emu.ovs_stats import parse_main_thread
+    from fabric_emu.measure.ovs_stats import parse_main_thread
 
     assert parse_main_thread(PMD_STATS) == {"packets": 25392, "output_batch": 1.01, "upcalls": 12}
     assert parse_main_thread("please specify an existing datapath\n") is None

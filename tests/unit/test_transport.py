@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import pytest
 
-from fabric_emu import roce
-from fabric_emu.agent.transport import (ACK, NAK_SEQ, PSN_MASK, Packet, Requester, Responder,
+from fabric_emu.wire import roce
+from fabric_emu.nic.transport import (ACK, NAK_SEQ, PSN_MASK, Packet, Requester, Responder,
                                         psn_add, psn_diff)
 
 ONLY, FIRST = roce.RC_RDMA_WRITE_ONLY, roce.RC_RDMA_WRITE_FIRST

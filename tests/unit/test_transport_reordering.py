@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from fabric_emu import roce
-from fabric_emu.agent.transport import ACK, PSN_MASK, ReorderingResponder, Requester
+from fabric_emu.wire import roce
+from fabric_emu.nic.transport import ACK, PSN_MASK, ReorderingResponder, Requester
 from tests.unit.test_transport import MTU, RTO, Wire
 
 ONLY, FIRST = roce.RC_RDMA_WRITE_ONLY, roce.RC_RDMA_WRITE_FIRST

@@ -1,6 +1,6 @@
 import pytest
 
-from fabric_emu.units import parse_rate_bps, parse_size, parse_time_s
+from fabric_emu.spec.units import parse_rate_bps, parse_size, parse_time_s
 
 
 @pytest.mark.parametrize("text,expected", [

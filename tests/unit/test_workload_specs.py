@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fabric_emu.cli import DEFAULT_TIMEOUT_BASE_S, load_checked
-from fabric_emu.config import SpecError, load_experiment
+from fabric_emu.spec.config import SpecError, load_experiment
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -98,7 +98,7 @@ def test_set_workload_size_works_for_every_type(spec_dir: Path, workload: str, s
 
 
 def test_set_workload_size_on_flows_sizes_the_flows_without_their_own(spec_dir: Path):
-    from fabric_emu.traffic import workload_flows
+    from fabric_emu.workloads.traffic import workload_flows
 
     spec, plan, _ = load_checked(write(spec_dir, "{type: flows, flows: [{src: h1, dst: h2},"
                                                  " {src: h3, dst: h4, size: 5MB}]}"), ["workload.size=2MB"])

@@ -1,0 +1,231 @@
+"""The emulated fabric: Mininet hosts and Open vSwitch switches built from a FabricPlan.
+
+This is kernel/process plumbing only; every decision (names, ports, addresses, rates) comes from
+the plan. Switches use OVS's userspace datapath (our CI kernel has no OVS module); each link end
+gets its traffic classes (HTB at the emulated rate, a queue per class) through
+fabric_emu.ports.queues, with limits from the port plan; host NICs also get the per-queue-pair
+HTB their agents put rate classes in (fabric_emu.ports.qp_limiter).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+from mininet.net import Mininet
+from mininet.node import Host, OVSSwitch, RemoteController
+from mininet.topo import Topo
+from pyroute2 import IPRoute
+
+from fabric_emu.kernel import rps
+from fabric_emu.topo.plan import FabricPlan
+from fabric_emu.ports import queues
+from fabric_emu.ports.model import PortPlan
+from fabric_emu.wire.roce import ROCE_UDP_PORT
+from fabric_emu.state.records import OVS_OWNER_KEY, RunRecord
+
+
+class PlanTopo(Topo):
+    """A Mininet Topo that mirrors the plan exactly (names, MACs, IPs, port numbers)."""
+
+    def build(self, plan: FabricPlan) -> None:  # type: ignore[override]
+        for sw in plan.switches:
+            self.addSwitch(sw.name, dpid=f"{sw.dpid:016x}")
+        prefix = plan.subnet.split("/")[1]
+        for h in plan.hosts:
+            self.addHost(h.name, ip=f"{h.ip}/{prefix}", mac=h.mac)
+        for ln in plan.links:
+            self.addLink(ln.a, ln.b, port1=ln.a_port, port2=ln.b_port)
+
+
+class FabricSwitch(OVSSwitch):
+    """OVS bridge on the userspace datapath, tagged with the run id in the same transaction
+    that creates it, so cleanup can always tell our bridges from anyone else's."""
+
+    def __init__(self, name: str, run_id: str = "", **params) -> None:
+        params.setdefault("datapath", "user")
+        params.setdefault("failMode", "secure")
+        params.setdefault("protocols", "OpenFlow15")
+        super().__init__(name, **params)
+        self.run_id = run_id
+
+    def bridgeOpts(self) -> str:
+        return super().bridgeOpts() + f" external_ids:{OVS_OWNER_KEY}={self.run_id}"
+
+
+class LaunchedController(RemoteController):
+    """Our os-ken process: the launcher waits for it to listen before any switch starts, so
+    Mininet's probe at construction time (while it is still booting) would only warn wrongly."""
+
+    def checkListening(self) -> None:
+        return None
+
+
+def existing_bridges() -> set[str]:
+    out = subprocess.run(["ovs-vsctl", "--timeout=10", "list-br"], check=True,
+                         capture_output=True, text=True).stdout
+    return set(out.split())
+
+
+def root_link_names() -> set[str]:
+    with IPRoute() as ipr:
+        return {link.get_attr("IFLA_IFNAME") for link in ipr.get_links()}
+
+
+def switch_interfaces(plan: FabricPlan) -> list[str]:
+    """The link ends that live in the root namespace (every switch port)."""
+    switches = set(plan.switch_by_name)
+    names = []
+    for ln in plan.links:
+        if ln.a in switches:
+            names.append(ln.a_intf)
+        if ln.b in switches:
+            names.append(ln.b_intf)
+    return names
+
+
+def conflicts(plan: FabricPlan) -> list[str]:
+    """Names the fabric needs that something else on this machine already uses."""
+    taken = existing_bridges() & set(plan.switch_by_name)
+    taken |= root_link_names() & (set(switch_interfaces(plan)) | set(plan.switch_by_name))
+    return sorted(taken)
+
+
+class Fabric:
+    """Build, start and stop the Mininet network for one run."""
+
+    def __init__(self, plan: FabricPlan, record: RunRecord, controller_port: int,
+                 ports: PortPlan) -> None:
+        self.plan = plan
+        self.ports = ports
+        self.record = record
+        self.controller_port = controller_port
+        self.net: Mininet | None = None
+
+    def host(self, name: str) -> Host:
+        assert self.net is not None
+        return self.net.get(name)
+
+    def netns_of(self, node: str) -> str | None:
+        """Namespace path of a node's interfaces (None: the root namespace)."""
+        if node in self.plan.host_by_name:
+            return f"/proc/{self.host(node).pid}/ns/net"
+        return None
+
+    def build(self) -> None:
+        """Create hosts, bridges' objects and links (no switch runs yet)."""
+        plan = self.plan
+        # Record the link names before creating them: a kill -9 from here on is still
+        # cleanable. Bridges need no entry: each carries the run id in OVS itself.
+        self.record.interfaces = switch_interfaces(plan)
+        self.record.save()
+
+        def make_switch(name: str, **params) -> FabricSwitch:
+            return FabricSwitch(name, run_id=self.record.run_id, **params)
+
+        self.net = Mininet(topo=PlanTopo(plan=plan), switch=make_switch, controller=None,
+                           autoSetMacs=False, autoStaticArp=False, build=False,
+                           waitConnected=False)
+        self.net.addController(LaunchedController("c0", ip="127.0.0.1", port=self.controller_port))
+        self.net.build()
+        for h in self.net.hosts:
+            self.record.add_process(h.pid, f"host-shell {h.name}")
+        self._prepare_interfaces()
+
+    def start(self) -> None:
+        """Create and connect the OVS bridges, then give every link end its egress queue."""
+        assert self.net is not None, "build() first"
+        self.net.start()
+        self._shape_links()
+
+    def _prepare_interfaces(self) -> None:
+        """MTU on every link end, no IPv6 chatter, no TX checksum offload on hosts (the
+        userspace datapath forwards partially checksummed packets unfixed), and receive packet
+        steering everywhere (fabric_emu.kernel.rps: a flow must not be reordered by the emulator)."""
+        mask = rps.all_cpus_mask()
+        with IPRoute() as ipr:
+            for ifname in switch_interfaces(self.plan):
+                Path(f"/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6").write_text("1")
+                rps.steer(ifname, mask)
+                ipr.link("set", index=ipr.link_lookup(ifname=ifname)[0], mtu=self.plan.mtu)
+        for h in self.net.hosts:  # all hosts at once: each shell runs its own command
+            intf = self.plan.host_by_name[h.name].intf
+            h.sendCmd(f"sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1;"
+                      f" ip link set dev {intf} mtu {self.plan.mtu}; ethtool -K {intf} tx off >/dev/null;"
+                      f" {rps.host_shell_command(intf, mask)}")
+        for h in self.net.hosts:  # each command is silent when it works
+            out = h.waitOutput().strip()
+            if out:
+                raise RuntimeError(f"preparing {h.name}'s interface failed: {out.splitlines()[0]}")
+
+    def _shape_links(self) -> None:
+        with queues.IPRoutePool() as pool:
+            for end in self.ports.ends:
+                limits = self.ports.settings(end).fifo_limits
+                queues.shape_classes(queues.PortQueues(end.intf, end.emulated_bps, self.plan.mtu, limits,
+                                                       self.netns_of(end.node),
+                                                       qp_classes=end.role != "switch"), pool=pool)
+
+    def netns_by_node(self) -> dict[str, str | None]:
+        return {end.node: self.netns_of(end.node) for end in self.ports.ends}
+
+    def stop(self) -> None:
+        if self.net is not None:
+            self.net.stop()
+            self.net = None
+
+    def check_reachable(self, ranks: list[str], attempts: int = 3) -> None:
+        """Every rank pings its ring neighbour (all at once); this also fills the ARP caches."""
+        assert self.net is not None
+        pending = [(a, ranks[(i + 1) % len(ranks)]) for i, a in enumerate(ranks)]
+        for _ in range(attempts):
+            procs = [(a, b, self.host(a).popen(
+                ["ping", "-c1", "-W2", "-q", self.plan.host_by_name[b].ip],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)) for a, b in pending]
+            pending = [(a, b) for a, b, p in procs if p.wait() != 0]
+            if not pending:
+                return
+        raise RuntimeError("no connectivity: " + ", ".join(f"{a} -> {b}" for a, b in pending))
+
+    def uplink_of(self, src: str, dst: str, udp_src: int) -> str:
+        """The spine the source leaf's OpenFlow tables send this RoCE flow to ('' when both
+        hosts share a leaf), as decided by OVS itself (ofproto/trace of the installed rules)."""
+        s, d = self.plan.host_by_name[src], self.plan.host_by_name[dst]
+        if s.leaf == d.leaf:
+            return ""
+        flow = (f"udp,in_port={s.leaf_port},dl_src={s.mac},dl_dst={d.mac},nw_src={s.ip},"
+                f"nw_dst={d.ip},udp_src={udp_src},udp_dst={ROCE_UDP_PORT}")
+        trace = subprocess.run(["ovs-appctl", "ofproto/trace", s.leaf, flow],
+                               capture_output=True, text=True, timeout=10, check=True).stdout
+        ports = re.findall(r"\boutput:(\d+)", trace.split("Final flow:")[0])
+        by_port = {p.port: p.peer for p in self.plan.ports(s.leaf)}
+        if not ports or int(ports[-1]) not in by_port:
+            raise RuntimeError(f"cannot tell the uplink of {src}->{dst} udp_src {udp_src}:\n{trace}")
+        return by_port[int(ports[-1])]
+
+    def set_link(self, a: str, b: str, up: bool) -> None:
+        """Take the link between switches a and b down (both ends, as a cut cable does), or
+        bring it back. Open vSwitch tells the controller (port status), which reroutes."""
+        ends = [p.intf for p in self.plan.ports(a) if p.peer == b] + \
+               [p.intf for p in self.plan.ports(b) if p.peer == a]
+        if not ends:
+            raise RuntimeError(f"no link between {a} and {b} in plan {self.plan.name}")
+        with IPRoute() as ipr:
+            for name in ends:
+                ipr.link("set", index=ipr.link_lookup(ifname=name)[0], state="up" if up else "down")
+
+    def set_link_rate(self, a: str, b: str, gbps: float) -> None:
+        """Change the modelled rate of the link between switches a and b, both ends, in place."""
+        ends = [p.intf for p in self.plan.ports(a) if p.peer == b] + \
+               [p.intf for p in self.plan.ports(b) if p.peer == a]
+        if not ends:
+            raise RuntimeError(f"no link between {a} and {b} in plan {self.plan.name}")
+        for name in ends:
+            queues.set_link_rate(name, gbps * 1e9 / self.plan.dilation, self.plan.mtu)
+
+    def annotate_uplinks(self, agents: dict[str, dict]) -> None:
+        """Add the chosen uplink to every sender QP in the agents' stats."""
+        for src, stats in agents.items():
+            for qp in stats.get("send_qps", []):
+                qp["uplink"] = self.uplink_of(src, qp["dst"], qp["udp_src"])

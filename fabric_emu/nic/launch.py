@@ -1,0 +1,271 @@
+"""Drive the NICs of one run: a few engine processes serve every host; start them together.
+
+Protocol (see fabric_emu.nic.main): each engine prints READY once every host's sockets are
+open, waits for a `GO <epoch>` line, runs its hosts' schedules, writes one stats file per host
+and prints DONE. One engine per core (at most one per host): an idle host costs an engine
+almost nothing, and the engines split the busy ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from fabric_emu.workloads import jobs, traffic
+from fabric_emu.lb import spray
+from fabric_emu.nic.config import (AgentConfig, DcqcnConfig, EngineConfig, FlowConfig, FlowsConfig,
+                                     ProgramChannel, ProgramConfig, ProgramOp, RankInfo, RingConfig,
+                                     TransportConfig)
+from fabric_emu.spec.config import AllReduceWorkload, ExperimentSpec
+from fabric_emu.topo.plan import FabricPlan
+from fabric_emu.workloads.program import Program
+from fabric_emu.state.records import RunRecord
+
+START_DELAY_S = 0.5  # between GO and the common start time, so every engine is waiting
+READY_TIMEOUT_S = 30.0
+TICK_PACKETS = 8  # packets a QP may send at line rate between two engine wake-ups
+MIN_TICK_S, MAX_TICK_S = 2e-3, 20e-3
+
+
+def program_configs(spec: ExperimentSpec, plan: FabricPlan) -> dict[str, ProgramConfig]:
+    """Each host's part of the run's Program (fabric_emu.workloads.jobs), compute times made emulated."""
+    return host_programs(jobs.build_program(jobs.resolve_jobs(spec, plan)), plan.dilation)
+
+
+def host_programs(program: Program, dilation: float) -> dict[str, ProgramConfig]:
+    """Each host's ops as its NIC engine takes them: dependencies as indices into the host's
+    own ops, compute times x dilation; every host gets every channel (the QP table)."""
+    channels = tuple(ProgramChannel(src=c.src, dst=c.dst, qps=c.qps) for c in program.channels)
+    out = {}
+    for h in program.hosts:
+        ops = program.host_ops(h)
+        local = {o.id: i for i, o in enumerate(ops)}
+        out[h] = ProgramConfig(type="program", channels=channels, ops=tuple(
+            ProgramOp(kind=o.kind, channel=o.channel, nbytes=o.nbytes, seconds=o.seconds * dilation,
+                      deps=tuple(local[d] for d in o.deps)) for o in ops))
+    return out
+
+
+def agent_workload(spec: ExperimentSpec, plan: FabricPlan) -> RingConfig | FlowsConfig:
+    """The workload as every agent gets it: modelled start times become emulated ones."""
+    w = spec.workload
+    if isinstance(w, AllReduceWorkload):
+        return RingConfig(size=w.size, iterations=w.iterations, qps_per_peer=w.qps_per_peer)
+    flows = traffic.workload_flows(w, [h.name for h in plan.hosts])
+    return FlowsConfig(type="flows", flows=tuple(
+        FlowConfig(src=f.src, dst=f.dst, size=f.size, qps=f.qps, iterations=f.iterations,
+                   start_s=f.start_s * plan.dilation, gap_s=f.gap_s * plan.dilation) for f in flows))
+
+
+def agent_configs(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], workdir: Path,
+                  netns_of: Callable[[str], str | None] = lambda _h: None) -> list[AgentConfig]:
+    infos = tuple(RankInfo(name=h, ip=plan.host_by_name[h].ip, index=i) for i, h in enumerate(ranks))
+    if jobs.uses_program(spec):
+        programs = program_configs(spec, plan)
+        workload_of = programs.__getitem__
+    else:
+        workload = agent_workload(spec, plan)
+        workload_of = lambda _h: workload  # noqa: E731
+    t = spec.transport
+    transport = TransportConfig(ack_every=t.ack_every, rto_s=t.retransmit_timeout * plan.dilation,
+                                retry_limit=t.retry_limit)
+    return [
+        AgentConfig(
+            host=h, ip=plan.host_by_name[h].ip, rate_bps=plan.host_rate_bps(h), roce_mtu=plan.roce_mtu,
+            ranks=infos, rank=i, workload=workload_of(h),
+            seed=spec.seed, stats_path=str(workdir / f"agent-{h}.json"), timeout_s=spec.timeout,
+            dcqcn=dcqcn_config(spec, plan, h), transport=transport, netns=netns_of(h),
+            ifname=plan.host_by_name[h].intf, link_mtu=plan.mtu,
+            spray_entropies=spray_entropies(spec, plan),
+        )
+        for i, h in enumerate(ranks)
+    ]
+
+
+def spray_entropies(spec: ExperimentSpec, plan: FabricPlan) -> int:
+    """UDP source ports each QP rotates through: 0 (one port) unless the run may spray, at the
+    start, by a scheduled event, or live (spray.entropies set: `fabric-emu lb spray` later)."""
+    may_spray = (spec.load_balancing == "spray" or spec.spray.entropies is not None
+                 or any(e.load_balancing == "spray" for e in spec.events))
+    if not may_spray:
+        return 0
+    return spray.plan_entropies([len(plan.uplinks(leaf.name)) for leaf in plan.leaves],
+                                spec.spray.entropies)
+
+
+def tick_s(plan: FabricPlan) -> float:
+    """The engines' tick for this fabric: at the slowest host's line rate."""
+    return tick_for(min(plan.host_rate_bps(h.name) for h in plan.hosts), plan.mtu)
+
+
+def tick_for(rate_bps: float, mtu: int) -> float:
+    """The engines' longest sleep while packets wait: TICK_PACKETS full frames at rate_bps, within
+    [MIN_TICK_S, MAX_TICK_S] (the QP socket buffers hold two ticks)."""
+    return min(MAX_TICK_S, max(MIN_TICK_S, TICK_PACKETS * (mtu + 14) * 8 / rate_bps))
+
+
+def drain_s(plan: FabricPlan) -> float:
+    """How long the last packets may still be in flight when every NIC is done: a port buffer
+    at the slowest link rate, per switch hop, plus the socket buffers (two ticks)."""
+    rate = min(plan.host_rate_bps(h.name) for h in plan.hosts)
+    return min(5.0, 3 * plan.port_buffer * 8 / rate + 2 * tick_s(plan) + 0.05)
+
+
+def engine_count(hosts: int) -> int:
+    return max(1, min(hosts, os.cpu_count() or 1))
+
+
+def engine_configs(cfgs: list[AgentConfig], tick: float, engines: int) -> list[EngineConfig]:
+    """Hosts dealt round-robin over the engines (neighbours in a ring land on different ones)."""
+    return [EngineConfig(engine=e, tick_s=tick, hosts=tuple(cfgs[e::engines]))
+            for e in range(engines) if cfgs[e::engines]]
+
+
+def dcqcn_config(spec: ExperimentSpec, plan: FabricPlan, host: str) -> DcqcnConfig | None:
+    if spec.congestion_control != "dcqcn":
+        return None
+    return DcqcnConfig(params=spec.dcqcn.params(), dilation=plan.dilation,
+                       line_rate_bps=plan.host_rate_bps(host) * plan.dilation)
+
+
+def unchecked_pairs(workload: RingConfig | FlowsConfig | ProgramConfig, ranks: list[str]) -> list[tuple[str, str]]:
+    """Sender-receiver pairs that the ring of pings before traffic (fabric.check_reachable)
+    did not cover, so whose ARP entries may be missing."""
+    if isinstance(workload, RingConfig):
+        return []
+    ring = {(a, ranks[(i + 1) % len(ranks)]) for i, a in enumerate(ranks)}
+    ends = workload.channels if isinstance(workload, ProgramConfig) else workload.flows
+    return sorted({(f.src, f.dst) for f in ends} - ring)
+
+
+def _read_line(proc: subprocess.Popen, deadline: float) -> str | None:
+    """One line of an agent's stdout, or None at the deadline or EOF."""
+    while True:
+        left = deadline - time.time()
+        if left <= 0:
+            return None
+        ready, _, _ = select.select([proc.stdout], [], [], min(left, 0.5))
+        if ready:
+            line = proc.stdout.readline()
+            return line.strip() if line else None
+
+
+def run_agents(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], fabric, record: RunRecord,
+               workdir: Path, say: Callable[[str], None], watch: Callable[[int, str], None] | None = None,
+               info: dict | None = None, on_go: Callable[[float], None] | None = None) -> dict[str, dict]:
+    """Run every rank's NIC to completion (or timeout); returns stats by host name.
+
+    watch(pid, label), when given, is told each engine process (the fidelity monitor samples it);
+    info, when given, gets the engines' count, start-up time and memory; on_go(go) is told the
+    wall-clock time traffic starts at (scheduled events count from it)."""
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        _start_and_wait(spec, plan, ranks, fabric, record, workdir, say, procs, watch,
+                        info if info is not None else {}, on_go)
+    except BaseException as e:
+        # Interrupted or failed: engines still write what they measured; keep it for the report.
+        _stop(procs)
+        e.agent_stats = _collect(ranks, workdir)  # type: ignore[attr-defined]
+        raise
+    _stop(procs)
+    return _collect(ranks, workdir)
+
+
+def _start_and_wait(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], fabric,
+                    record: RunRecord, workdir: Path, say: Callable[[str], None],
+                    procs: dict[str, subprocess.Popen],
+                    watch: Callable[[int, str], None] | None, info: dict,
+                    on_go: Callable[[float], None] | None = None) -> None:
+    cfgs = agent_configs(spec, plan, ranks, workdir, fabric.netns_of)
+    for a, b in unchecked_pairs(cfgs[0].workload, ranks):
+        # A first packet to an unresolved neighbour waits in a small kernel queue (or is lost).
+        fabric.check_reachable([a, b])
+    engines = engine_configs(cfgs, tick_s(plan), engine_count(len(cfgs)))
+    started = time.monotonic()
+    for ec in engines:
+        name = f"engine{ec.engine}"
+        path = workdir / f"{name}.config.json"
+        path.write_text(ec.to_json())
+        with open(workdir / f"{name}.log", "w") as log:
+            procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "fabric_emu.nic", str(path)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1)
+        record.add_process(procs[name].pid, f"nic {name}")
+        if watch is not None:
+            watch(procs[name].pid, f"nic {name}")
+
+    deadline = time.time() + READY_TIMEOUT_S
+    for name, p in procs.items():
+        if _read_line(p, deadline) != "READY":
+            raise RuntimeError(f"NIC {name} did not start (see logs/{name}.log)")
+    rss = [_rss_bytes(p.pid) for p in procs.values()]
+    info.update(engines=len(procs), hosts=len(cfgs), ready_s=round(time.monotonic() - started, 3),
+                rss_bytes=sum(rss), rss_bytes_per_host=round(sum(rss) / len(cfgs)))
+    say(f"{len(cfgs)} NICs ready in {info['ready_s']:.1f}s ({len(procs)} engine process"
+        f"{'es' if len(procs) > 1 else ''}, {sum(rss) / len(cfgs) / 1e6:.1f} MB per host)")
+
+    go = time.time() + START_DELAY_S
+    for p in procs.values():
+        p.stdin.write(f"GO {go:.6f}\n")
+        p.stdin.flush()
+    if on_go is not None:
+        on_go(go)
+    what = " + ".join(w.type for w in spec.jobs)
+    say(f"traffic: {what} over {len(ranks)} hosts started")
+
+    deadline = go + spec.timeout + 5.0  # engines enforce the timeout; this is the backstop
+    for p in procs.values():
+        _read_line(p, deadline)  # DONE, or None when the engine gave up
+    # Every engine is done (or gave up): let what is still in flight land and be counted.
+    time.sleep(drain_s(plan))
+    for p in procs.values():
+        try:
+            p.stdin.write("STOP\n")
+            p.stdin.flush()
+        except OSError:
+            pass  # it has exited already
+    for p in procs.values():
+        try:
+            p.wait(timeout=max(5.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def _rss_bytes(pid: int) -> int:
+    """Resident memory of a process (0 if it is gone)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _stop(procs: dict[str, subprocess.Popen]) -> None:
+    for p in procs.values():
+        if p.poll() is None:
+            p.terminate()  # agents write their partial stats on SIGTERM
+    for p in procs.values():
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _collect(ranks: list[str], workdir: Path) -> dict[str, dict]:
+    stats = {}
+    for h in ranks:
+        path = workdir / f"agent-{h}.json"
+        try:
+            stats[h] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            stats[h] = {"status": "missing", "host": h}
+    return stats

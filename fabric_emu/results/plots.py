@@ -1,0 +1,338 @@
+"""PNG plots of a results folder: queue depth, PFC pauses, per-flow receive rates, DCQCN rates.
+
+`write_plots(run_dir)` reads only the files of the folder (queues.csv, pauses.csv, rates.csv,
+agents/<host>.json, summary.json, experiment.yaml), so it also redraws an old run. A plot
+whose input is missing, empty or unreadable is skipped, never an error. Times are fabric
+(modelled) microseconds, rates modelled Gb/s, depths KB (1000 bytes).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import os
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display; must precede pyplot
+
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from fabric_emu.spec.units import parse_size  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+QUEUE_PORTS = 6  # busiest egress ports drawn in queue_depth.png
+MAX_FLOWS = 16  # busiest flows drawn in flow_rates.png
+MAX_PAUSE_ROWS = 40  # ports drawn in pauses.png (most paused time first)
+LOSSLESS_PRIORITY = 3
+
+
+# ---------------------------------------------------------------------------- reading
+def _rows(path: Path) -> list[dict]:
+    try:
+        with open(path, newline="") as f:
+            return list(csv.DictReader(f))
+    except (OSError, csv.Error, UnicodeDecodeError):
+        return []
+
+
+def _json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _yaml(path: Path) -> dict:
+    try:
+        from ruamel.yaml import YAML
+
+        data = YAML(typ="safe").load(path.read_text())
+    except Exception:  # noqa: BLE001 - a broken spec only costs the threshold lines
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _num(value: object) -> float | None:
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+def _bytes(value: object) -> float | None:
+    try:
+        return float(parse_size(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def _natural(text: str) -> list:
+    """Sort key so leaf2 comes before leaf10."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text)]
+
+
+def _save(fig: Figure, path: Path) -> None:
+    """Render to memory, then temporary name + rename: readers never see half a PNG."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(buf.getvalue())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------- plots
+def plot_queue_depth(run_dir: Path, out: Path) -> bool:
+    """Egress backlog of the busiest switch ports (lossless class when the CSV has it)."""
+    rows = _rows(run_dir / "queues.csv")
+    if not rows or "t_fabric_us" not in rows[0]:
+        return False
+    per_class = "p3_bytes" in rows[0]
+    column = "p3_bytes" if per_class else "backlog_bytes"
+    series: dict[str, list[tuple[float, float, bool]]] = defaultdict(list)
+    for r in rows:
+        t, depth = _num(r.get("t_fabric_us")), _num(r.get(column))
+        if t is None or depth is None:
+            continue
+        port = f"{r.get('switch', '?')}-eth{r.get('port', '?')}"
+        peer = r.get("peer")
+        series[f"{port} \u2192 {peer}" if peer else port].append(
+            (t, depth / 1e3, (r.get("paused") or "0").strip() in ("1", "true", "True")))
+    if not series:
+        return False
+    busiest = sorted(series, key=lambda k: (-max(d for _, d, _ in series[k]), _natural(k)))[:QUEUE_PORTS]
+    fig, ax = plt.subplots(figsize=(12, 5))
+    paused_labelled = False
+    for name in busiest:
+        pts = sorted(series[name])
+        line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], label=name, linewidth=1.2)
+        paused = [p for p in pts if p[2]]
+        if paused:
+            ax.plot([p[0] for p in paused], [p[1] for p in paused], "o", markersize=4,
+                    color=line.get_color(), markeredgecolor="black", markeredgewidth=0.5,
+                    label=None if paused_labelled else "sample while paused by PFC")
+            paused_labelled = True
+    spec = _yaml(run_dir / "experiment.yaml")
+    ecn = spec.get("ecn") if isinstance(spec.get("ecn"), dict) else {}
+    pfc = spec.get("pfc") if isinstance(spec.get("pfc"), dict) else {}
+    if ecn.get("enabled"):
+        for key, style in (("kmin", ":"), ("kmax", "--")):
+            v = _bytes(ecn.get(key))
+            if v is not None:
+                ax.axhline(v / 1e3, color="dimgray", linestyle=style, linewidth=1,
+                           label=f"ECN {key} {v / 1e3:g} KB (egress)")
+    if pfc.get("enabled"):
+        v = _bytes(pfc.get("xoff"))
+        if v is not None:
+            ax.axhline(v / 1e3, color="black", linestyle="-.", linewidth=1,
+                       label=f"PFC xoff {v / 1e3:g} KB (per ingress port, not egress)")
+    what = f"priority {LOSSLESS_PRIORITY} (lossless RoCE)" if per_class else "all classes"
+    ax.set_title(f"Egress queue depth, {what}: the {len(busiest)} deepest switch ports")
+    ax.set_xlabel("fabric time (\u00b5s)")
+    ax.set_ylabel("egress backlog (KB)")
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.05)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # outside: never hides data
+    fig.tight_layout()
+    _save(fig, out)
+    return True
+
+
+def plot_pauses(run_dir: Path, out: Path) -> bool:
+    """PFC pause intervals of priority 3, one timeline row per port that was ever paused."""
+    rows = _rows(run_dir / "pauses.csv")
+    spans: dict[str, list[tuple[float, float | None]]] = defaultdict(list)
+    for r in rows:
+        start = _num(r.get("start_fabric_us"))
+        if start is None:
+            continue
+        name = r.get("intf") or f"{r.get('node', '?')}-eth{r.get('port', '?')}"
+        peer = r.get("peer")
+        spans[f"{name} \u2192 {peer}" if peer else name].append((start, _num(r.get("end_fabric_us"))))
+    if not spans:
+        return False
+    latest = max(max(s, e if e is not None else s) for v in spans.values() for s, e in v)
+    bars = {k: [(s, max(0.0, (e if e is not None else latest) - s)) for s, e in v] for k, v in spans.items()}
+    names = sorted(bars, key=lambda k: -sum(w for _, w in bars[k]))[:MAX_PAUSE_ROWS]
+    names.sort(key=_natural, reverse=True)  # first name at the top
+    fig, ax = plt.subplots(figsize=(10, max(2.5, 0.6 + 0.3 * len(names))))
+    for i, name in enumerate(names):
+        # An edge in the face colour keeps zero-length pauses visible as a thin line.
+        ax.broken_barh(bars[name], (i - 0.35, 0.7), facecolors="tab:red", edgecolors="tab:red",
+                       linewidth=0.6)
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.set_ylim(-0.6, len(names) - 0.4)
+    pause_tx = _json(run_dir / "summary.json").get("switch", {})
+    pause_tx = pause_tx.get("pause_tx") if isinstance(pause_tx, dict) else None
+    shown = f" ({len(names)} of {len(bars)} shown)" if len(names) < len(bars) else ""
+    title = f"PFC pauses of priority {LOSSLESS_PRIORITY}: {len(bars)} port(s) paused{shown}"
+    if pause_tx is not None:
+        title += f", {int(pause_tx):,} pause frames sent by switches"
+    ax.set_title(title)
+    ax.set_xlabel("fabric time (\u00b5s)")
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    _save(fig, out)
+    return True
+
+
+def plot_flow_rates(run_dir: Path, out: Path) -> bool:
+    """Receive rate of each queue pair over time, from the receivers' rx_series."""
+    summary = _json(run_dir / "summary.json")
+    dilation = _num(summary.get("dilation")) or 1.0
+    flows: list[tuple[str, list[tuple[float, float]]]] = []
+    for path in sorted((run_dir / "agents").glob("*.json"), key=lambda p: _natural(p.name)):
+        agent = _json(path)
+        for q in agent.get("recv_qps") or []:
+            if not isinstance(q, dict):
+                continue
+            pts = []
+            for p in q.get("rx_series") or []:
+                if isinstance(p, (list, tuple)) and len(p) >= 2:
+                    t, b = _num(p[0]), _num(p[1])
+                    if t is not None and b is not None:
+                        pts.append((t, b))
+            if len(pts) >= 2:
+                qpn = q.get("remote_qpn", q.get("qpn", "?"))  # the sender's, as in flows.csv
+                flows.append((f"{q.get('src', '?')}\u2192{path.stem} qp{qpn}", sorted(pts)))
+    if not flows:
+        return False
+    t0 = min(pts[0][0] for _, pts in flows)
+    flows.sort(key=lambda f: -(f[1][-1][1] - f[1][0][1]))
+    shown = flows[:MAX_FLOWS]
+    fig, ax = plt.subplots(figsize=(12, 5))
+    for label, pts in shown:
+        xs, ys = [], []
+        for (ta, ba), (tb, bb) in zip(pts, pts[1:]):
+            if tb > ta:
+                xs.append((tb - t0) / dilation * 1e6)
+                ys.append((bb - ba) * 8 / (tb - ta) * dilation / 1e9)
+        if xs:
+            # Each value is the mean rate over the interval that ends at its x.
+            ax.plot([(pts[0][0] - t0) / dilation * 1e6, *xs], [ys[0], *ys], drawstyle="steps-pre",
+                    label=label, linewidth=1)
+    more = f" (the {len(shown)} busiest of {len(flows)})" if len(flows) > len(shown) else ""
+    _finish_rates(fig, ax, out, _num(summary.get("host_link_gbps")), "host link",
+                  f"Receive rate per queue pair{more}", "fabric time since the first flow started (\u00b5s)")
+    return True
+
+
+def _finish_rates(fig: Figure, ax, out: Path, link: float | None, link_label: str, title: str,
+                  xlabel: str) -> None:
+    """The common frame of the rate plots: the link rate line, labels, legend; then save."""
+    if link:
+        ax.axhline(link, color="black", linestyle="--", linewidth=0.8, label=f"{link_label} {link:g} Gb/s")
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("rate (Gb/s, modelled)")
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.05)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    _save(fig, out)
+
+
+def plot_dcqcn_rates(run_dir: Path, out: Path) -> bool:
+    """DCQCN's rate of each queue pair over time, from rates.csv (one step per change)."""
+    summary = _json(run_dir / "summary.json")
+    series: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for r in _rows(run_dir / "rates.csv"):
+        t, rate = _num(r.get("time_fabric_us")), _num(r.get("rate_gbps"))
+        if t is not None and rate is not None:
+            series[f"{r.get('host', '?')}\u2192{r.get('dst', '?')} qp{r.get('qpn', '?')}"].append((t, rate))
+    if not series:
+        return False
+    link = _num(summary.get("host_link_gbps"))
+    end = max(t for pts in series.values() for t, _ in pts)
+    shown = sorted(series.items(), key=lambda kv: (min(v for _, v in kv[1]), _natural(kv[0])))[:MAX_FLOWS]
+    fig, ax = plt.subplots(figsize=(12, 5))
+    for label, pts in shown:
+        pts.sort()
+        xs = [t for t, _ in pts] + [end]
+        ys = [v for _, v in pts] + [pts[-1][1]]
+        ax.plot(xs, ys, drawstyle="steps-post", label=label, linewidth=1)
+    more = f" (the {len(shown)} slowest of {len(series)})" if len(series) > len(shown) else ""
+    _finish_rates(fig, ax, out, link, "line rate", f"DCQCN rate per queue pair{more}",
+                  "fabric time since GO (\u00b5s)")
+    return True
+
+
+def plot_comparison(rows: list[dict], labels: list[str], xlabel: str, out: Path) -> bool:
+    """A sweep's points side by side: completion time and busbw, the mean of each point's runs
+    as a bar, their min to max as the error bar (rows as in comparison.csv, one label each)."""
+    panels = [(metric, title, scale) for metric, title, scale in (
+        ("jct_fabric_s", "completion time (fabric \u00b5s)", 1e6),
+        ("busbw_fraction", "busbw / host link", 1.0))
+        if any(_num(r.get(f"{metric}_mean")) is not None for r in rows)]
+    if not panels:
+        return False
+    fig, axes = plt.subplots(len(panels), 1, sharex=True, squeeze=False,
+                             figsize=(max(7.5, 0.9 * len(rows) + 3), 1.5 + 2.8 * len(panels)))
+    xs = list(range(len(rows)))
+    for ax, (metric, title, scale) in zip(axes[:, 0], panels):
+        stats = [[_num(r.get(f"{metric}_{s}")) for s in ("mean", "min", "max")] for r in rows]
+        means = [m * scale if m is not None else 0.0 for m, _, _ in stats]
+        # A point with no finished run gets no bar and no error bar.
+        low = [(m - lo) * scale if None not in (m, lo) else 0.0 for m, lo, _ in stats]
+        high = [(hi - m) * scale if None not in (m, hi) else 0.0 for m, _, hi in stats]
+        ax.bar(xs, means, color="tab:blue", alpha=0.8, yerr=[low, high], capsize=4,
+               error_kw={"elinewidth": 1})
+        if metric == "busbw_fraction":
+            ax.axhline(1.0, color="black", linestyle="--", linewidth=0.8, label="host link rate")
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # never over a bar
+        ax.set_ylabel(title)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle("Each point: mean of its runs that finished ok (bar), min to max (error bar)", fontsize=10)
+    slanted = max(map(len, labels)) > 12  # long labels would overlap side by side
+    axes[-1, 0].set_xticks(xs, labels, fontsize=8, rotation=20 if slanted else 0,
+                           ha="right" if slanted else "center")
+    axes[-1, 0].set_xlabel(xlabel)
+    fig.tight_layout()
+    _save(fig, out)
+    return True
+
+
+PLOTS = {
+    "queue_depth.png": plot_queue_depth,
+    "pauses.png": plot_pauses,
+    "flow_rates.png": plot_flow_rates,
+    "dcqcn_rates.png": plot_dcqcn_rates,
+}
+
+
+def write_plots(run_dir: Path) -> list[Path]:
+    """Write run_dir/plots/*.png from the folder's files; returns the paths written.
+
+    Missing or empty inputs skip their plot; a plot that fails for another reason is logged
+    and skipped, so one bad file never costs the others."""
+    run_dir = Path(run_dir)
+    written: list[Path] = []
+    if not run_dir.is_dir():
+        return written
+    for name, plot in PLOTS.items():
+        out = run_dir / "plots" / name
+        try:
+            out.parent.mkdir(exist_ok=True)
+            if plot(run_dir, out):
+                written.append(out)
+        except Exception as e:  # noqa: BLE001 - plots are a convenience, never a failure
+            plt.close("all")
+            log.warning("plot %s skipped: %s: %s", name, type(e).__name__, e)
+    try:  # no empty plots/ folder when there was nothing to draw
+        if not written:
+            (run_dir / "plots").rmdir()
+    except OSError:
+        pass
+    return written

@@ -1,0 +1,365 @@
+"""One experiment run: spec -> plan -> fabric -> traffic -> counters -> results.
+
+Owns the lifecycle: a lock so only one fabric exists at a time, a RunRecord so anything created
+can be removed even after kill -9, teardown on success, failure or Ctrl-C, and a results folder
+whose files are each written atomically.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+
+from fabric_emu.measure import counters
+from fabric_emu.results import folder as results
+from fabric_emu.workloads import traffic
+from fabric_emu.run.background import Background
+from fabric_emu.fabric.capture import Captures
+from fabric_emu.state.cleanup import clean_record, clean_stale
+from fabric_emu.spec.config import ExperimentSpec, resolved_dict
+from fabric_emu.measure.fidelity import CpuMonitor
+from fabric_emu.live.manifest import LiveManifest
+from fabric_emu.live.publish import RunPublisher, live_ports, manifest_path
+from fabric_emu.topo.plan import FabricPlan
+from fabric_emu.run.progress import RunProgress
+from fabric_emu.state.records import RunLock, RunRecord
+from fabric_emu.results.lossless import pause_rows
+from fabric_emu.results.summary import build_summary, flow_rows, print_summary, rate_rows
+
+if TYPE_CHECKING:
+    from fabric_emu.fabric.routed import RoutedFabric
+
+READY_TIMEOUT_S = 60.0
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM during a run."""
+
+
+def _raise_interrupted(signum, frame):  # noqa: ARG001 - signal handler signature
+    raise Interrupted(signal.Signals(signum).name)
+
+
+class Runner:
+    def __init__(self, spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], out_base: Path,
+                 command: list[str], console: Console, metrics_port: int | None = 0,
+                 metrics_linger_s: float = 0.0) -> None:
+        self.spec = spec
+        self.plan = plan
+        self.ranks = ranks
+        self.out_base = out_base
+        self.command = command
+        self.console = console
+        self.err = Console(stderr=True, soft_wrap=True, highlight=False)
+        self.times: dict[str, float] = {}
+        self.routed: RoutedFabric | None = None  # set before anything starts: teardown finds it
+        self.traffic: dict = {}  # what the traffic phase measured, even if it was cut short
+        self.captures: Captures | None = None
+        self.nic_info: dict = {}  # the NIC engines: how many, ready after, memory
+        self.metrics_port = metrics_port  # the exporter's port (0: a free one; None: no exporter)
+        self.metrics_linger_s = metrics_linger_s  # serve the final metrics this long after the run
+        self.live: RunPublisher | None = None  # the live manifest and exporter (fabric_emu.live)
+
+    def say(self, msg: str) -> None:
+        self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {msg}", highlight=False, soft_wrap=True)
+
+    # ------------------------------------------------------------------ lifecycle
+    def run(self, debug: bool = False) -> int:
+        lock = RunLock()
+        if not lock.acquire():
+            self.err.print("error: another fabric-emu run is in progress on this machine", style="red")
+            return 1
+        try:
+            removed, _ = clean_stale()
+            if removed:
+                self.say(f"removed {len(removed)} leftovers of an earlier run that did not finish")
+            from fabric_emu.fabric.build import conflicts
+
+            taken = conflicts(self.plan)
+            if taken:
+                self.err.print(f"error: names the fabric needs are already in use and are not "
+                               f"fabric-emu's: {', '.join(taken[:8])}", style="red")
+                return 1
+            return self._run_locked(debug)
+        finally:
+            if self.live is not None:
+                if self.live.server is not None and self.metrics_linger_s and self.live.manifest.final is not None:
+                    self.say(f"metrics: serving the final values {self.metrics_linger_s:g} s more")
+                self.live.close(self.metrics_linger_s)
+            lock.release()
+
+    def open_results(self, started: float) -> Path:
+        """The run's results folder, with its spec and a summary saying it is not finished."""
+        run_dir = results.make_run_dir(self.out_base, self.spec.name, started)
+        results.write_yaml(run_dir / "experiment.yaml", resolved_dict(self.spec))
+        # Replaced at the end; if this process is killed, the folder still says what happened.
+        results.write_json(run_dir / "summary.json", {
+            "status": "incomplete", "experiment": self.spec.name,
+            "load_balancing": self.spec.load_balancing,
+            "error": "the run did not finish (still running, or killed)"})
+        return run_dir
+
+    def _run_locked(self, debug: bool) -> int:
+        started = time.time()
+        run_dir = self.open_results(started)
+        record = RunRecord.new(f"{results.utc_stamp(started)}-{os.getpid()}")
+        workdir = Path(tempfile.mkdtemp(prefix="fabric-emu-"))
+        record.paths = [str(workdir)]
+        record.save()
+        self.say(f"run {record.run_id}: {self.plan.name}, {len(self.plan.switches)} switches, "
+                 f"{len(self.plan.hosts)} hosts; results in {run_dir}")
+
+        state = {"status": "failed", "error": None}
+        old_int = signal.signal(signal.SIGINT, _raise_interrupted)
+        old_term = signal.signal(signal.SIGTERM, _raise_interrupted)
+        try:
+            self.bring_up(record, workdir)
+            self.traffic_phase(record, workdir)
+            state["status"] = self.traffic["status"]
+        except Interrupted as e:
+            state.update(status="incomplete", error=f"interrupted ({e})")
+        except Exception as e:  # noqa: BLE001 - every failure still tears down and reports
+            state.update(status="failed", error=f"{type(e).__name__}: {e}")
+            if debug:
+                import traceback
+                traceback.print_exc()
+        finally:
+            # Teardown must finish even if the user presses Ctrl-C again.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            self._tear_down(record, workdir, run_dir)
+            signal.signal(signal.SIGINT, old_int)
+            signal.signal(signal.SIGTERM, old_term)
+
+        if self.routed is not None and self.routed.pfc_stats:
+            self.traffic["pfc_daemon"] = self.routed.pfc_stats
+        return self.write_results(run_dir, state, started, record.run_id)
+
+    def write_results(self, run_dir: Path, state: dict, started: float, run_id: str) -> int:
+        """summary.json, metadata.json and the CSVs of the traffic phase (self.traffic), the
+        summary table and the plots; returns the exit code (0: the run is ok)."""
+        ended = time.time()
+        traffic = self.traffic
+        summary = build_summary(self.spec, self.plan, self.ranks, traffic, state)
+        results.write_json(run_dir / "summary.json", summary)
+        results.write_json(run_dir / "metadata.json", {
+            **results.environment(),
+            "command": self.command, "seed": self.spec.seed, "run_id": run_id,
+            "start": results.iso(started), "end": results.iso(ended),
+            "phases_s": {k: round(v, 3) for k, v in self.times.items()},
+            "nic_engines": self.nic_info,
+            "dilation": self.plan.dilation, "status": summary["status"], "error": summary.get("error"),
+        })
+        if traffic.get("ports"):
+            results.write_csv(run_dir / "ports.csv", [p.row(self.plan.dilation) for p in traffic["ports"]])
+        if traffic.get("agents"):
+            results.write_csv(run_dir / "flows.csv", flow_rows(self.plan, traffic["agents"]))
+            if rates := rate_rows(traffic["agents"], self.plan.dilation):
+                results.write_csv(run_dir / "rates.csv", rates)
+        if traffic.get("queues"):
+            results.write_csv(run_dir / "queues.csv", traffic["queues"])
+        if traffic.get("thresholds"):
+            results.write_csv(run_dir / "thresholds.csv", traffic["thresholds"])
+        if "traffic_start" in traffic and traffic.get("pfc_daemon"):
+            results.write_csv(run_dir / "pauses.csv", pause_rows(self.plan, traffic["pfc_daemon"],
+                                                                 self._go_monotonic(traffic)))
+        print_summary(self.console, summary, run_dir)
+        try:  # after every CSV; a plot never fails the run
+            from fabric_emu.results.plots import write_plots
+            if plots := write_plots(run_dir):
+                self.console.print(f"plots: {run_dir}/plots/ ({', '.join(p.name for p in plots)})",
+                                   soft_wrap=True, highlight=False)
+        except Exception as e:  # noqa: BLE001
+            self.say(f"warning: no plots: {type(e).__name__}: {e}")
+        if summary.get("error"):
+            self.err.print(f"error: {summary['error']}", style="red")
+        return 0 if summary["status"] == "ok" else 1
+
+    @staticmethod
+    def _go_monotonic(traffic: dict) -> float:
+        """When the agents started (their GO), on the monotonic clock the PFC daemon logs with,
+        so pause times line up with the flows' times; the traffic phase's start without it."""
+        gos = [a["go"] for a in (traffic.get("agents") or {}).values() if a.get("go")]
+        if not gos:
+            return traffic["traffic_start"]
+        return min(gos) - (time.time() - time.monotonic())
+
+    def bring_up(self, record: RunRecord, workdir: Path):
+        """Build, route and publish the fabric (the lab keeps it up between runs)."""
+        from fabric_emu.ports.model import port_plan, settings_of
+        from fabric_emu.fabric.routed import RoutedFabric
+        from fabric_emu.nic.launch import spray_entropies
+
+        t = time.monotonic()
+        ports = port_plan(self.plan, *settings_of(self.spec))
+        d = self.plan.dilation
+        dlb = (round(self.spec.dlb.inactivity * d * 1e9), round(self.spec.dlb.quality_window * d * 1e9))
+        self.routed = RoutedFabric(self.plan, record, workdir, self.spec.load_balancing, ports=ports,
+                                   spray_entropies=spray_entropies(self.spec, self.plan) or None, dlb=dlb)
+        self.routed.up(READY_TIMEOUT_S)
+        self.times["bring_up"] = time.monotonic() - t
+        self.say(f"fabric up and routed in {self.times['bring_up']:.1f}s")
+        self.routed.fabric.check_reachable(self.ranks)
+        self._publish_live(record, workdir)
+        if self.spec.capture is not None:
+            self.captures = Captures(self.spec.capture, workdir, record)
+            self.captures.start()
+
+    def _publish_live(self, record: RunRecord, workdir: Path) -> None:
+        """The live manifest for `fabric-emu top`, and the Prometheus exporter (run record names both)."""
+        self.live = RunPublisher(record, LiveManifest(
+            run_id=record.run_id, experiment=self.spec.name, dilation=self.plan.dilation,
+            load_balancing=self.spec.load_balancing, congestion_control=self.spec.congestion_control,
+            workdir=str(workdir), pins=str(self.routed.ports.pins), controller_url=record.controller_url,
+            ports=live_ports(self.plan, self.routed.port_plan.ends), path=manifest_path(workdir)),
+            self.metrics_port)
+        self.live.start()
+        if self.live.server is not None:
+            self.say(f"metrics: {self.live.server.url}")
+
+    def _on_go(self, events, go: float) -> None:
+        events.start(go)
+        self.live.go(go)
+
+    def traffic_phase(self, record: RunRecord, workdir: Path) -> None:
+        """Run the workload on the fabric that is up (self.routed, self.live); what it measured
+        goes to self.traffic, even when cut short (then Interrupted is raised again)."""
+        from fabric_emu.fabric.events import EventRunner
+        from fabric_emu.nic.launch import run_agents
+
+        alone = self._jobs_alone(record, workdir) if len(self.spec.workloads) > 1 and self.spec.jobs_alone else {}
+        lossless = self.routed.ports
+        port_before = lossless.counters()
+        before = counters.snapshot(self.plan, port_before)
+        self.live.traffic_started(before)
+        t = time.monotonic()
+        cut_short: BaseException | None = None
+        events = EventRunner(self.spec.events, self.plan.dilation, self.routed.ctrl.rest_url,
+                             self.routed.fabric.set_link, self.routed.fabric.set_link_rate)
+        background = Background(self.spec.background, self.routed.fabric, self.plan, record)
+        background.prepare()
+        progress = self._progress(lossless.to_hosts)
+
+        def on_go(go: float) -> None:  # events, background traffic and the progress bar count from GO
+            self._on_go(events, go)
+            background.start(go)
+            progress.start(go)
+
+        with CpuMonitor(processes=self._watched()) as cpu, counters.QueueSampler(
+                self.plan, lossless.backlogs_now, lossless.paused_now) as queues, progress:
+            try:  # the NIC engines register with cpu.watch as they start
+                agents = run_agents(self.spec, self.plan, self.ranks, self.routed.fabric, record,
+                                    workdir, self.say, watch=cpu.watch, info=self.nic_info,
+                                    on_go=on_go)
+            except Interrupted as e:
+                agents, cut_short = getattr(e, "agent_stats", {}), e
+            finally:
+                fired = events.stop()
+                flows_behind = background.stop()
+                lb_state = events.final_state()
+        self.times["traffic"] = time.monotonic() - t
+        port_after = lossless.counters()
+        ports = counters.delta(counters.snapshot(self.plan, port_after), before)
+        nics = counters.nic_totals(self.plan, port_before, port_after)
+        self.live.traffic_ended([p.row(self.plan.dilation) for p in ports])
+        for row in ports:
+            row.max_backlog_bytes = queues.max_backlog.get(row.intf, 0)
+        queues.shift(self._go_monotonic({"agents": agents, "traffic_start": queues.start}))
+        ok = agents and all(a.get("status") == "ok" for a in agents.values())
+        if self.spec.load_balancing == "ecmp":  # spraying QPs take every uplink, no one path
+            self.routed.fabric.annotate_uplinks(agents)
+        self.traffic = {"status": "ok" if ok and not cut_short else "incomplete", "agents": agents,
+                        "ports": ports, "queues": queues.rows, "cpu": cpu.summary(),
+                        "traffic_start": t, "thresholds": lossless.installed(), "nics": nics,
+                        "events": fired, "lb": lb_state, "alone": alone, "background": flows_behind}
+        if cut_short is not None:
+            raise cut_short
+
+    def _jobs_alone(self, record: RunRecord, workdir: Path) -> dict[str, float]:
+        """Each job run by itself before they run together (with the background traffic, if
+        any, which is part of the fabric's life): job name -> its completion time (modelled
+        seconds), the yardstick of how much the other jobs slowed it."""
+        from fabric_emu.workloads import jobs
+        from fabric_emu.nic.launch import run_agents
+
+        out: dict[str, float] = {}
+        for job in jobs.resolve_jobs(self.spec, self.plan):
+            spec = self.spec.model_copy(update={
+                "workloads": [job.workload.model_copy(update={"name": job.name})], "events": []})
+            ranks = [h.name for h in self.plan.hosts if h.name in set(job.hosts)]
+            sub = workdir / f"alone-{job.name}"
+            sub.mkdir()
+            self.say(f"job {job.name} alone first")
+            background = Background(self.spec.background, self.routed.fabric, self.plan, record)
+            background.prepare()
+            try:
+                stats = run_agents(spec, self.plan, ranks, self.routed.fabric, record, sub, self.say,
+                                   on_go=background.start)
+            finally:
+                background.stop()
+            program = jobs.build_program(jobs.resolve_jobs(spec, self.plan))
+            times = jobs.op_times(program, {h: a.get("ops") or [] for h, a in stats.items()})
+            bounds = jobs.step_bounds(program, times, job.name)
+            if bounds is not None:
+                out[job.name] = (bounds[-1][1] - bounds[0][0]) / self.plan.dilation
+        return out
+
+    def _progress(self, to_hosts: Callable[[], tuple[int, int]]) -> RunProgress:
+        """The bar of a long run on a terminal (a no-op otherwise)."""
+        from fabric_emu.workloads import jobs
+        from fabric_emu.workloads.program import RECV
+
+        rate = self.plan.host_rate_bps(self.ranks[0])
+        if jobs.uses_program(self.spec):
+            program = jobs.build_program(jobs.resolve_jobs(self.spec, self.plan))
+            line_rate_s = jobs.line_rate_s(program, rate, self.plan.dilation)
+            planned = sum(o.nbytes for o in program.ops if o.kind == RECV)
+        else:
+            hosts = [h.name for h in self.plan.hosts]
+            line_rate_s = traffic.line_rate_s(self.spec.workload, self.ranks, hosts, rate, self.plan.dilation)
+            planned = traffic.planned_bytes(self.spec.workload, self.ranks, hosts)
+        return RunProgress(self.console, to_hosts, planned, line_rate_s, self.plan.dilation)
+
+    def _watched(self) -> dict[int, str]:
+        """The fabric's own processes whose threads the CPU monitor samples (ovs-vswitchd it
+        finds itself; the NIC engines register as they start)."""
+        procs = {}
+        if self.routed.ctrl is not None:
+            procs[self.routed.ctrl.pid] = "controller"
+        daemon = getattr(self.routed.ports, "daemon", None)
+        if daemon is not None:
+            procs[daemon.pid] = "pfc-daemon"
+        return procs
+
+    def _tear_down(self, record: RunRecord, workdir: Path, run_dir: Path) -> None:
+        t = time.monotonic()
+        if self.captures is not None:
+            self.captures.stop(run_dir)
+        if self.routed is not None:
+            for problem in self.routed.down():
+                self.say(f"{problem}; cleaning from the run record")
+        keep_logs(workdir, run_dir)
+        clean_record(record)
+        self.times["tear_down"] = time.monotonic() - t
+
+
+def keep_logs(workdir: Path, run_dir: Path) -> None:
+    """Copy the processes' logs and each agent's own measurements into the results folder."""
+    logs = run_dir / "logs"
+    logs.mkdir(exist_ok=True)
+    for f in workdir.glob("*.log"):
+        shutil.copy2(f, logs / f.name)
+    agents = run_dir / "agents"  # each agent's own measurements, for whoever digs deeper
+    for f in workdir.glob("agent-*.json"):
+        if not f.name.endswith(".config.json"):
+            agents.mkdir(exist_ok=True)
+            shutil.copy2(f, agents / f.name.removeprefix("agent-"))

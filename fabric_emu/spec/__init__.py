@@ -1,0 +1,1 @@
+"""Experiment and topology specs: the pydantic models, human units, YAML loading and --set. Pure."""

@@ -1,0 +1,1 @@
+"""Packet formats on the wire: RoCEv2 headers, templates and ICRC. Pure."""
