@@ -64,7 +64,7 @@ def no_interrupts() -> Iterator[None]:
 class LabSession:
     def __init__(self, experiment: Path, sets: list[str], out_base: Path, console: Console,
                  metrics_port: int | None = 0) -> None:
-        from fabric_emu.cli import load_checked
+        from fabric_emu.run.prepare import load_checked
 
         self.experiment = experiment
         self.base_sets = list(sets)
@@ -87,7 +87,7 @@ class LabSession:
     # ------------------------------------------------------------------ spec
     def load(self, extra: dict[str, str] | None = None) -> tuple[ExperimentSpec, FabricPlan, list[str]]:
         """The experiment with the knobs (and extra) applied; SpecError if it is not valid."""
-        from fabric_emu.cli import load_checked
+        from fabric_emu.run.prepare import load_checked
 
         merged = {**self.overrides, **(extra or {})}
         return load_checked(self.experiment, self.base_sets + [f"{k}={v}" for k, v in merged.items()])

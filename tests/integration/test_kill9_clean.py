@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from fabric_emu.cli import load_checked
+from fabric_emu.run.prepare import load_checked
 from fabric_emu.state.records import RUNS_DIR, RunRecord
 from tests.integration.fabric_checks import REPO, fabric_emu, leftovers, our_bridges, read_json
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pexpect
 import pytest
 
-from fabric_emu.cli import load_checked
+from fabric_emu.run.prepare import load_checked
 from fabric_emu.kernel import rps
 from fabric_emu.ports.datapath import PortMaps
 from fabric_emu.state.records import RUNS_DIR, RunRecord, all_records

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from fabric_emu.cli import load_checked
+from fabric_emu.run.prepare import load_checked
 from tests.integration.fabric_checks import REPO, fabric_emu, leftovers
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fabric_emu.cli import load_checked
+from fabric_emu.run.prepare import load_checked
 from tests.integration.fabric_checks import REPO, leftovers, read_csv, read_json, run_shipped
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]

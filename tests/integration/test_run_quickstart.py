@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fabric_emu.cli import load_checked
+from fabric_emu.run.prepare import load_checked
 from tests.integration.fabric_checks import REPO, fabric_emu, leftovers, only_run_dir, read_csv, read_json
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]

@@ -10,7 +10,7 @@ from statistics import fmean
 
 import pytest
 
-from fabric_emu.cli import load_checked
+from fabric_emu.run.prepare import load_checked
 from fabric_emu.spec.config import read_yaml
 from tests.integration.fabric_checks import REPO, fabric_emu, leftovers, read_csv, read_json
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fabric_emu.state.cleanup import clean_record
-from fabric_emu.cli import load_checked
+from fabric_emu.run.prepare import load_checked
 from fabric_emu.fabric.events import rest_call
 from fabric_emu.topo.plan import FabricPlan
 from fabric_emu.state.records import RunLock, RunRecord

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from fabric_emu.cli import load_checked
+from fabric_emu.run.prepare import load_checked
 from fabric_emu.spec.config import SpecError, load_experiment, load_topology
 
 

@@ -81,7 +81,7 @@ def test_agent_config_rejects_flows_outside_the_ranks(flow, field):
 
 
 def test_orchestrator_dilates_start_times_and_runs_only_the_hosts_involved(spec_dir, tmp_path):
-    from fabric_emu.cli import load_checked
+    from fabric_emu.run.prepare import load_checked
     from fabric_emu.nic.launch import agent_configs, unchecked_pairs
 
     (spec_dir / "exp.yaml").write_text(

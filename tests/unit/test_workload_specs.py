@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fabric_emu.cli import DEFAULT_TIMEOUT_BASE_S, load_checked
+from fabric_emu.run.prepare import DEFAULT_TIMEOUT_BASE_S, load_checked
 from fabric_emu.spec.config import SpecError, load_experiment
 
 REPO = Path(__file__).resolve().parents[2]

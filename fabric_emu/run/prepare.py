@@ -1,0 +1,69 @@
+"""Prepare a run: load an experiment and check it against its plan (names of hosts, ports and
+links that only the plan knows), resolve `dilation: auto` and derive the default timeout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fabric_emu.spec.config import SpecError, load_experiment
+from fabric_emu.topo.plan import build_plan, resolve_ranks
+from fabric_emu.workloads import jobs, traffic
+
+# A stalled rank waits for the timeout, so the default scales with the workload instead of
+# being minutes long.
+DEFAULT_TIMEOUT_BASE_S = 30.0
+
+
+def load_checked(path: Path, sets: list[str], measure: bool = False):
+    """Load an experiment and check names that need the plan (the workload's host names).
+
+    `dilation: auto` is resolved here, from this machine's cached capacity; `measure` allows
+    measuring it when there is no cache (root, about 10 s; see fabric_emu.measure.capacity)."""
+    spec = load_experiment(path, sets)
+    auto = spec.topology.dilation == "auto"
+    plan = build_plan(spec.topology, dilation=1.0 if auto else None)
+    w = spec.workload
+    names = [h.name for h in plan.hosts]
+    program = None
+    if jobs.uses_program(spec):
+        try:
+            program = jobs.build_program(jobs.resolve_jobs(spec, plan))
+        except jobs.JobError as e:
+            raise SpecError([(str(path), e.field, str(e))]) from None
+        ranks = [h for h in names if h in set(program.hosts)]
+    elif w.type == "allreduce":
+        try:
+            ranks = resolve_ranks(plan, w.ranks)
+        except KeyError as e:
+            raise SpecError([(str(path), "workload.ranks",
+                              f"unknown host {e.args[0]!r} (hosts are {names[0]}..{names[-1]})")]) from None
+    else:
+        unknown = traffic.unknown_hosts(w, names)
+        if unknown:
+            raise SpecError([(str(path), field, msg) for field, msg in unknown])
+        flows = traffic.workload_flows(w, names)
+        if not flows:  # an incast from 'all' in a fabric of one host
+            raise SpecError([(str(path), "workload.senders", f"'all' is nobody: {w.receiver} is the only host")])
+        ranks = traffic.agent_hosts(flows, names)
+    for i, b in enumerate(spec.background):
+        for end in ("src", "dst"):
+            if getattr(b, end) not in plan.host_by_name:
+                raise SpecError([(str(path), f"background.{i}.{end}",
+                                  f"unknown host {getattr(b, end)!r} (hosts are {names[0]}..{names[-1]})")])
+    if auto:
+        from fabric_emu.measure.capacity import resolve_auto
+
+        spec, plan = resolve_auto(spec, plan, ranks, measure)
+    if spec.timeout is None:
+        if program is not None:
+            line_rate_s = jobs.line_rate_s(program, plan.host_rate_bps(ranks[0]), plan.dilation)
+        else:
+            line_rate_s = traffic.line_rate_s(w, ranks, names, plan.host_rate_bps(ranks[0]), plan.dilation)
+        spec = spec.model_copy(update={"timeout": DEFAULT_TIMEOUT_BASE_S + 10 * line_rate_s})
+    if spec.capture is not None:
+        ports = {p.intf for sw in plan.switches for p in plan.ports(sw.name)}
+        for i, name in enumerate(spec.capture.ports):
+            if name not in ports:
+                raise SpecError([(str(path), f"capture.ports.{i}",
+                                  f"no switch port {name!r} in this fabric (see fabric-emu show)")])
+    return spec, plan, ranks
