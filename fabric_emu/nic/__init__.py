@@ -1,8 +1,10 @@
-"""Host agent: one process per host that plays the RDMA NIC and runs the workload.
+"""The emulated RDMA NICs: a few NIC engine processes serve every host's NIC of a run.
 
-Run inside the host's network namespace as `python -m fabric_emu.nic CONFIG.json`;
-the config format is AgentConfig (fabric_emu.nic.config), the process protocol is in
-fabric_emu.nic.main.
+Each engine (`python -m fabric_emu.nic ENGINE.json`, started by fabric_emu.nic.launch) runs
+one event loop over its hosts: their queue pairs (host_nic), RC transport (transport), DCQCN
+(fabric_emu.cc.dcqcn) and the workload drivers (drivers/). Every host still has its own
+config, AgentConfig (fabric_emu.nic.config), and writes its own stats file (results
+folder's agents/); the process protocol is in fabric_emu.nic.main.
 """
 
 from fabric_emu.nic.config import (

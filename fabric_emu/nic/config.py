@@ -1,6 +1,6 @@
-"""AgentConfig: the JSON file the orchestrator writes for each host agent.
+"""AgentConfig: what the orchestrator writes for each host's NIC; EngineConfig groups them per engine.
 
-Example (one file per host, every agent of a run gets the same ranks, workload and seed):
+Example (one per host; every host of a run gets the same ranks, workload and seed):
 
     {"host": "h1", "ip": "10.0.0.1", "rate_bps": 50000000.0, "roce_mtu": 4096,
      "ranks": [{"name": "h1", "ip": "10.0.0.1", "index": 0},
