@@ -1,6 +1,6 @@
 """DCQCN (Zhu et al., SIGCOMM 2015) as pure state machines: the reaction point (a sender's queue
 pair) and the notification point (a receiver's CNP pacing). They take `now` and events; the NIC
-model applies the rate they decide. Nothing here is wired into the agents yet (issue 6).
+model applies the rate they decide (fabric_emu.nic.host_nic, one per sender queue pair).
 
 Units: rates in MODELLED bits/s, times in MODELLED seconds in the parameters; every state machine
 takes the dilation and runs its timers in emulated seconds (DESIGN.md §2), the clock its `now`
