@@ -32,7 +32,7 @@ from fabric_emu.live.publish import RunPublisher, live_ports, manifest_path
 from fabric_emu.topo.plan import FabricPlan
 from fabric_emu.run.progress import RunProgress
 from fabric_emu.state.records import RunLock, RunRecord
-from fabric_emu.results.lossless import pause_rows
+from fabric_emu.results.switch import pause_rows
 from fabric_emu.results.summary import build_summary, flow_rows, print_summary, rate_rows
 
 if TYPE_CHECKING:
