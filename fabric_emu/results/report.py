@@ -27,7 +27,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from fabric_emu.spec.config import SpecError, read_yaml
 from fabric_emu.state.records import write_atomic
-from fabric_emu.results.summary import summary_rows, summary_title
+from fabric_emu.results.table import summary_rows, summary_title
 
 REPORT_NAME = "report.html"
 EXPECTED = ("expected a results folder: a run's folder with summary.json, a sweep folder with "

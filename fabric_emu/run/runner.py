@@ -32,8 +32,10 @@ from fabric_emu.live.publish import RunPublisher, live_ports, manifest_path
 from fabric_emu.topo.plan import FabricPlan
 from fabric_emu.run.progress import RunProgress
 from fabric_emu.state.records import RunLock, RunRecord
-from fabric_emu.results.lossless import pause_rows
-from fabric_emu.results.summary import build_summary, flow_rows, print_summary, rate_rows
+from fabric_emu.results.switch import pause_rows
+from fabric_emu.results.summary import build_summary
+from fabric_emu.results.table import print_summary
+from fabric_emu.results.transport import flow_rows, rate_rows
 
 if TYPE_CHECKING:
     from fabric_emu.fabric.routed import RoutedFabric

@@ -253,7 +253,7 @@ def convergence(tmp_path_factory):
 
 
 def test_two_flows_converge_to_a_fair_share(convergence):
-    from fabric_emu.results.summary import jain_index
+    from fabric_emu.results.transport import jain_index
 
     run_dir, r = convergence
     assert r.returncode == 0, r.stdout + r.stderr

@@ -89,7 +89,7 @@ def test_placement_changes_what_crosses_the_spine():
 def test_summary_of_two_jobs_from_fake_nics():
     """The summary's jobs section, from op times of a run on fake NICs (tests/unit/program_sim)."""
     from fabric_emu.topo.plan import build_plan
-    from fabric_emu.results.summary import jobs_section
+    from fabric_emu.results.jobs import jobs_section
 
     spec = load_experiment(REPO / "experiments/two-jobs.yaml")
     plan = build_plan(spec.topology)

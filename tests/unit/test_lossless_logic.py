@@ -152,7 +152,7 @@ def _plan():
 
 
 def test_pause_rows_are_relative_to_the_start_in_both_worlds() -> None:
-    from fabric_emu.results.lossless import pause_rows
+    from fabric_emu.results.switch import pause_rows
 
     rows = pause_rows(_plan(), {"intervals": {"spine1-eth1": [[10.5, 10.6]], "h2-eth0": [[11.0, None]],
                                               "gone-eth9": [[1, 2]]}}, t0=10.0)
@@ -164,7 +164,7 @@ def test_pause_rows_are_relative_to_the_start_in_both_worlds() -> None:
 
 
 def test_reaction_summary_in_both_worlds() -> None:
-    from fabric_emu.results.lossless import reaction_summary
+    from fabric_emu.results.switch import reaction_summary
 
     assert reaction_summary({}, 2000) is None
     r = reaction_summary({"reaction_s": [0.004, 0.001, 0.002]}, 2000)
@@ -182,7 +182,7 @@ ECN = {"enabled": True, "kmin": 100_000, "kmax": 400_000}
 
 def test_lossless_warnings_name_each_broken_promise() -> None:
     from fabric_emu.ports.model import PfcSettings
-    from fabric_emu.results.lossless import lossless_warnings
+    from fabric_emu.results.switch import lossless_warnings
 
     pfc = PfcSettings(True, 100_000, 80_000, 47_104, 0xFFFF)
     fine = [_row(max_backlog_p3=300_000, ecn_marked_p3=5, max_held_p3=120_000, pause_tx_p3=2)]
@@ -220,7 +220,7 @@ def test_show_prints_the_classes_and_thresholds_each_port_gets() -> None:
 
 
 def test_a_dead_or_failing_pfc_daemon_is_a_warning() -> None:
-    from fabric_emu.results.lossless import daemon_warnings
+    from fabric_emu.results.switch import daemon_warnings
 
     assert daemon_warnings({"intervals": {}, "errors": []}) == []
     (w,) = daemon_warnings({"died": "exit code -9"})
@@ -234,7 +234,7 @@ def test_a_dead_or_failing_pfc_daemon_is_a_warning() -> None:
 
 def test_the_slowest_pause_is_split_into_its_stages() -> None:
     from fabric_emu.ports.pfcd import split_reaction
-    from fabric_emu.results.lossless import reaction_summary
+    from fabric_emu.results.switch import reaction_summary
 
     ms = 1_000_000
     split = split_reaction((0, 1 * ms), (2 * ms, 3 * ms), 10 * ms)  # a slow tc change

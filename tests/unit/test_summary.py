@@ -2,7 +2,7 @@
 
 import pytest
 
-from fabric_emu.results.summary import bandwidths, iteration_times
+from fabric_emu.results.jobs import bandwidths, iteration_times
 
 
 def test_iterations_end_when_the_last_rank_finishes():
@@ -32,7 +32,7 @@ def test_nccl_tests_bandwidths_in_both_worlds():
 def test_ecmp_load_counts_queue_pairs_per_leaf_uplink():
     from fabric_emu.spec.config import TopologySpec
     from fabric_emu.topo.plan import build_plan
-    from fabric_emu.results.summary import ecmp_load
+    from fabric_emu.results.transport import ecmp_load
 
     plan = build_plan(TopologySpec(name="t", kind="leaf-spine", spines=2, leaves=2, hosts_per_leaf=2))
     agents = {  # h1, h2 on leaf1; h3 on leaf2

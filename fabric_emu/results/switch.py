@@ -1,16 +1,26 @@
-"""What the lossless ports did, for results: pause intervals, PFC reaction times and the checks
-that say when ECN or PFC did not behave. Pure: inputs are counters and the PFC daemon's log."""
+"""What the switch ports did, for results: summary.json's `switch` block (their counters added
+up) and `pfc_reaction` (how fast pauses took effect), the lossless class's pause intervals
+(pauses.csv) and the checks that say when ECN or PFC did not behave. Pure: inputs are counters
+and the PFC daemon's log."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from fabric_emu.cc.pfc import RECONCILE_S
+from fabric_emu.measure.counters import PortCounters, totals
 from fabric_emu.topo.plan import FabricPlan
 from fabric_emu.ports.model import PfcSettings, port_ends
 
-if TYPE_CHECKING:  # counters imports the kernel side
-    from fabric_emu.measure.counters import PortCounters
+
+def switch_section(plan: FabricPlan, ports: list[PortCounters]) -> dict:
+    """summary.json's `switch` key (none without port counters): every port's counters added up,
+    and the bytes that left the leaves upward."""
+    if not ports:
+        return {}
+    switch = totals(ports, plan.dilation)
+    # what left the leaves upward: the traffic that crossed the upper tiers (spines)
+    leaves = {sw.name for sw in plan.leaves}
+    switch["leaf_uplink_tx_bytes"] = sum(r.tx_bytes for r in ports if r.switch in leaves and r.kind == "fabric")
+    return {"switch": switch}
 
 
 def pause_rows(plan: FabricPlan, daemon: dict, t0: float) -> list[dict]:
@@ -66,7 +76,7 @@ def daemon_warnings(daemon: dict) -> list[str]:
     return out
 
 
-def lossless_warnings(rows: list["PortCounters"], ecn: dict, pfc: PfcSettings | None,
+def lossless_warnings(rows: list[PortCounters], ecn: dict, pfc: PfcSettings | None,
                       reaction: dict | None) -> list[str]:
     """Reasons the lossless class's results cannot be trusted.
 

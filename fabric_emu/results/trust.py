@@ -1,0 +1,64 @@
+"""Whether a run's numbers can be trusted, for results: summary.json's `fidelity` block (the
+warnings, notes and verdict: the machine's load, late NIC engines, loss no counter saw, and the
+lossless class's checks) and `cpu` (the load behind them). The judgements themselves live with
+what they judge (fabric_emu.measure.fidelity, results.switch); this gathers them."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from fabric_emu.measure.counters import PortCounters
+from fabric_emu.measure.fidelity import verdict
+from fabric_emu.ports.model import settings_of
+from fabric_emu.results.switch import daemon_warnings, lossless_warnings
+from fabric_emu.spec.config import ExperimentSpec
+
+
+def trust_section(spec: ExperimentSpec, cpu: dict, agents: dict[str, dict], ports: list[PortCounters],
+                  events: list[dict], daemon: dict, reaction: dict | None, unexplained: int) -> dict:
+    """summary.json's `fidelity` key, and `cpu` when the machine was sampled.
+
+    cpu: the CPU monitor's report; events: the scheduled events that fired; daemon: the PFC
+    daemon's report and reaction its summary (results.switch); unexplained: data packets lost
+    where no switch counter saw them (results.transport)."""
+    late = engine_lateness(agents)
+    links_failed = any(e.get("kind") == "link" and e.get("state") == "down" and e.get("ok") for e in events)
+    # A link taken down loses what was on it, where no switch queue counts it: expected.
+    warnings = verdict(cpu, list(late.values()), 0 if links_failed else unexplained)
+    if ports:
+        ecn, pfc = settings_of(spec)
+        warnings += lossless_warnings(ports, asdict(ecn), pfc, reaction)
+        warnings += daemon_warnings(daemon)
+    note = None
+    if links_failed and unexplained:
+        note = (f"{unexplained} packet(s) were lost where no switch counter saw them: on the "
+                "link(s) taken down, with what their queues held (RC resent them)")
+    machine = {k: v for k, v in cpu.items() if k.startswith("cpu_")}
+    out: dict = {"fidelity": {**machine, "nic_engine_late_wakes_max": max(late.values()) if late else None,
+                              "trusted": not warnings, "warnings": warnings,
+                              "notes": [note] if note else []}}
+    if cpu:
+        out["cpu"] = cpu_section(cpu)
+    return out
+
+
+def engine_lateness(agents: dict[str, dict]) -> dict[int, float]:
+    """Per NIC engine: the fraction of its wake-ups that came more than a tick late."""
+    out = {}
+    for a in agents.values():
+        e = a.get("engine") or {}
+        if e.get("wakes"):
+            out[e["engine"]] = e["late_wakes"] / e["wakes"]
+    return out
+
+
+def cpu_section(cpu: dict) -> dict:
+    """summary.json's `cpu`: the machine (busy_mean, busy_max, saturated_fraction of all
+    cores), `threads`, the busiest thread of each watched process (busy fractions of one
+    core), busiest first, OVS's average output batch (packets waiting at each poll) and its
+    flow cache's packets and upcalls over the run."""
+    return {"cores": cpu.get("cores"), "samples": cpu.get("samples"), "interval_s": cpu.get("interval_s"),
+            "busy_mean": cpu.get("cpu_busy_mean"), "busy_max": cpu.get("cpu_busy_max"),
+            "saturated_fraction": cpu.get("cpu_saturated_fraction"),
+            "watched": cpu.get("watched", []), "threads": cpu.get("threads", []),
+            "ovs_output_batch": cpu.get("ovs_output_batch"), "ovs_datapath": cpu.get("ovs_datapath")}
