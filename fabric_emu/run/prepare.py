@@ -58,7 +58,7 @@ def load_checked(path: Path, sets: list[str], measure: bool = False):
         if program is not None:
             line_rate_s = jobs.line_rate_s(program, plan.host_rate_bps(ranks[0]), plan.dilation)
         else:
-            line_rate_s = traffic.line_rate_s(w, ranks, names, plan.host_rate_bps(ranks[0]), plan.dilation)
+            line_rate_s = traffic.workload_line_rate_s(w, ranks, names, plan.host_rate_bps(ranks[0]), plan.dilation)
         spec = spec.model_copy(update={"timeout": DEFAULT_TIMEOUT_BASE_S + 10 * line_rate_s})
     if spec.capture is not None:
         ports = {p.intf for sw in plan.switches for p in plan.ports(sw.name)}

@@ -325,7 +325,7 @@ class Runner:
             planned = sum(o.nbytes for o in program.ops if o.kind == RECV)
         else:
             hosts = [h.name for h in self.plan.hosts]
-            line_rate_s = traffic.line_rate_s(self.spec.workload, self.ranks, hosts, rate, self.plan.dilation)
+            line_rate_s = traffic.workload_line_rate_s(self.spec.workload, self.ranks, hosts, rate, self.plan.dilation)
             planned = traffic.planned_bytes(self.spec.workload, self.ranks, hosts)
         return RunProgress(self.console, to_hosts, planned, line_rate_s, self.plan.dilation)
 

@@ -85,9 +85,10 @@ def flows_line_rate_s(flows: list[Flow], rate_bps: float, dilation: float) -> fl
     return busiest * 8 / rate_bps + latest * dilation
 
 
-def line_rate_s(w: AllReduceWorkload | IncastWorkload | FlowsWorkload, ranks: list[str],
-                hosts: list[str], rate_bps: float, dilation: float) -> float:
-    """Any workload's emulated time at the host line rate (payload only): the timeout's yardstick."""
+def workload_line_rate_s(w: AllReduceWorkload | IncastWorkload | FlowsWorkload, ranks: list[str],
+                         hosts: list[str], rate_bps: float, dilation: float) -> float:
+    """The emulated time at the host line rate (payload only) of a workload with a driver of its
+    own: the timeout's yardstick (a Program's: fabric_emu.workloads.jobs.line_rate_s)."""
     if isinstance(w, AllReduceWorkload):
         return ring_allreduce_line_rate_s(w.size, len(ranks), w.iterations, rate_bps)
     return flows_line_rate_s(workload_flows(w, hosts), rate_bps, dilation)
