@@ -22,7 +22,7 @@ from fabric_emu.measure.fidelity import verdict
 from fabric_emu.topo.plan import FabricPlan
 from fabric_emu.ports.model import settings_of
 from fabric_emu.results.lossless import daemon_warnings, lossless_warnings, reaction_summary
-from fabric_emu.workloads.traffic import Flow, workload_flows
+from fabric_emu.workloads.flows import Flow, workload_flows
 
 
 def iteration_times(agents: dict[str, dict]) -> list[dict]:

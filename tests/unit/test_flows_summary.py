@@ -11,7 +11,7 @@ from rich.console import Console
 
 from fabric_emu.run.prepare import load_checked
 from fabric_emu.results.summary import build_summary, flow_rows, flows_metrics, jain_index, print_summary
-from fabric_emu.workloads.traffic import Flow
+from fabric_emu.workloads.flows import Flow
 
 D = 2000  # dilation
 
