@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from statistics import mean
 
-from fabric_emu.workloads import schedules
+from fabric_emu.workloads import collectives, schedules
 from fabric_emu.spec.config import (AllReduceWorkload, CollectiveWorkload, ExperimentSpec, PipelineWorkload,
                                TrainingWorkload)
 from fabric_emu.topo.plan import FabricPlan, resolve_ranks
@@ -114,10 +114,10 @@ def build_program(jobs: list[Job]) -> Program:
     for job in jobs:
         w = job.workload
         if isinstance(w, (AllReduceWorkload, CollectiveWorkload)):
-            schedules.collective_program(job.name, w.type, w.algorithm, job.hosts, w.size, w.iterations,
-                                         w.qps_per_peer, p)
+            collectives.collective_program(job.name, w.type, w.algorithm, job.hosts, w.size, w.iterations,
+                                           w.qps_per_peer, p)
             continue
-        entry: schedules.Entry = {}
+        entry: collectives.Entry = {}
         grad = w.gradient_size if isinstance(w, PipelineWorkload) else w.activation_size
         tp_bytes = w.tp_allreduce_size if isinstance(w, TrainingWorkload) else 0
         dp_bytes = w.dp_allreduce_size if isinstance(w, TrainingWorkload) else 0
@@ -236,28 +236,11 @@ def job_results(job: Job, p: Program, times: Times, dilation: float, host_gbps: 
     out["jct_s"] = bounds[-1][1] - bounds[0][0]
     out["jct_fabric_s"] = out["jct_s"] / dilation
     if isinstance(w, (AllReduceWorkload, CollectiveWorkload)):
-        out.update(_collective_results(w, len(job.hosts), bounds, dilation, host_gbps))
+        out.update(collectives.collective_results(w.type, w.algorithm, w.size, len(job.hosts), bounds,
+                                                  dilation, host_gbps))
     else:
         out.update(_step_results(job, p, times, bounds, dilation))
     return out
-
-
-def _collective_results(w, n: int, bounds: list[tuple[float, float]], dilation: float,
-                        host_gbps: float) -> dict:
-    factor = schedules.busbw_factor(w.type, n)
-    per = []
-    for k, (s, e) in enumerate(bounds):
-        t = (e - s) / dilation
-        algbw = w.size * 8 / t / 1e9
-        per.append({"iteration": k, "time_fabric_s": t, "time_s": e - s, "algbw_gbps": algbw,
-                    "busbw_gbps": algbw * factor})
-    # back to back, a rank starts the next iteration when its part is done: the mean is the
-    # whole time over the iterations (nccl-tests' average), not the mean of overlapping ones
-    t = (bounds[-1][1] - bounds[0][0]) / len(bounds) / dilation
-    algbw = w.size * 8 / t / 1e9
-    return {"algorithm": w.algorithm, "size_bytes": w.size, "iteration_time_fabric_s": t,
-            "algbw_gbps": algbw, "busbw_gbps": algbw * factor, "busbw_factor": factor,
-            "busbw_fraction": algbw * factor / host_gbps, "per_iteration": per}
 
 
 def _step_results(job: Job, p: Program, times: Times, bounds: list[tuple[float, float]],

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fabric_emu.workloads import jobs, schedules
+from fabric_emu.workloads import collectives, jobs, schedules
 from fabric_emu.workloads.program import COMPUTE, RECV, SEND, Program
 from tests.unit import program_sim
 
@@ -29,10 +29,10 @@ def received_by(p: Program) -> dict[str, int]:
     ("allgather", "ring", 7), ("alltoall", "pairwise", 7), ("sendrecv", "ring", 1)])
 def test_collective_bytes_and_messages_per_rank(coll, algo, steps):
     size = 8 * 1000 * 1000
-    p = schedules.collective_program("j", coll, algo, HOSTS, size)
+    p = collectives.collective_program("j", coll, algo, HOSTS, size)
     p.check()
     n = len(HOSTS)
-    want = schedules.bytes_per_rank(coll, size, n)
+    want = collectives.bytes_per_rank(coll, size, n)
     for h in HOSTS:
         assert sent_by(p)[h] == pytest.approx(want, rel=1e-6)
         assert received_by(p)[h] == pytest.approx(want, rel=1e-6)
@@ -41,7 +41,7 @@ def test_collective_bytes_and_messages_per_rank(coll, algo, steps):
 
 
 def test_ring_step_waits_for_the_previous_receive():
-    p = schedules.collective_program("j", "allreduce", "ring", HOSTS[:4], 4000)
+    p = collectives.collective_program("j", "allreduce", "ring", HOSTS[:4], 4000)
     for h in HOSTS[:4]:
         sends = [o for o in p.host_ops(h) if o.kind == SEND]
         recvs = [o for o in p.host_ops(h) if o.kind == RECV]
@@ -51,29 +51,29 @@ def test_ring_step_waits_for_the_previous_receive():
 
 
 def test_halving_doubling_partners_and_halves():
-    segs = schedules.halving_doubling_segments(8, 5)
+    segs = collectives.halving_doubling_segments(8, 5)
     assert [s[0] for s in segs] == [1, 7, 4]  # 5 xor 4, 5 xor 2, 5 xor 1
     assert [b - a for _, (a, b) in segs] == [4, 2, 1]  # chunks sent: halves, quarters, ...
     with pytest.raises(ValueError, match="power-of-two"):
-        schedules.halving_doubling_segments(6, 0)
+        collectives.halving_doubling_segments(6, 0)
 
 
 def test_alltoall_sends_every_peer_at_once():
-    p = schedules.collective_program("j", "alltoall", "pairwise", HOSTS[:4], 4000)
+    p = collectives.collective_program("j", "alltoall", "pairwise", HOSTS[:4], 4000)
     for h in HOSTS[:4]:
         sends = [o for o in p.host_ops(h) if o.kind == SEND]
         assert {p.channels[o.channel].dst for o in sends} == set(HOSTS[:4]) - {h}
         assert all(o.deps == [] for o in sends)
 
 
-@pytest.mark.parametrize("coll,algo", sorted(schedules.FRAGMENTS))
+@pytest.mark.parametrize("coll,algo", sorted(collectives.FRAGMENTS))
 def test_collectives_complete_on_fake_nics_in_line_rate_time(coll, algo):
     """On a wire with no latency and no shared links, each collective takes its bytes per rank
     at the link rate (the definition of busbw = link rate), iterations back to back."""
     size, rate = 8_000_000, 1e9
-    p = schedules.collective_program("j", coll, algo, HOSTS, size, iterations=2)
+    p = collectives.collective_program("j", coll, algo, HOSTS, size, iterations=2)
     runners, _, end = program_sim.run(p, rate_Bps=rate)
-    per_rank = schedules.bytes_per_rank(coll, size, len(HOSTS))
+    per_rank = collectives.bytes_per_rank(coll, size, len(HOSTS))
     if coll == "alltoall":  # n-1 messages leave at once over n-1 QPs of one fake NIC
         assert end == pytest.approx(2 * size / len(HOSTS) / rate, rel=1e-6)
     else:
