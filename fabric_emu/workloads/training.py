@@ -1,19 +1,35 @@
-"""The schedules of pipelines and 3D-parallel training steps, as Program fragments.
+"""Pipelines and 3D-parallel training, pure: a step's schedule, where its ranks are placed, and
+where its time went.
 
-A training step composes compute with collectives (fabric_emu.workloads.collectives): the
-tensor-parallel all-reduces of a step wait for the compute before them, and the compute after
-waits for them.
+A training job is a grid of ranks, grid[d][s][t]: data-parallel replica d, pipeline stage s,
+tensor-parallel rank t. A pipeline job is the same with one replica and no TP all-reduce (host t
+of a stage sends to host t of the next). One step, per replica:
+
+    stage 0 [t0 t1] --activations--> stage 1 [t0 t1] --activations--> stage 2 [t0 t1]
+                    <--gradients----                 <--gradients----
+    each pass (F or B) of a microbatch: compute, then a TP all-reduce over the stage's group;
+    after its last backward, each (s, t) all-reduces its gradients over the replicas (DP).
+
+* stage_order: the order a stage runs its microbatches' passes (gpipe, 1f1b);
+* training_step, training_program: one step, and a job's steps, as Program fragments; the TP
+  and DP all-reduces are ring all-reduces (fabric_emu.workloads.collectives);
+* place, tp_groups: the grid on the fabric's leaves (topology-aware, naive or a host list);
+* step_split, step_results: where each rank's step time went (compute, tp, pp, dp, waiting) and
+  the pipeline bubble: the share of the step a stage did not compute, ideally (p-1)/(m+p-1)
+  (bubble_fraction).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from statistics import mean
 
+from fabric_emu.spec.config import PipelineWorkload, TrainingWorkload
 from fabric_emu.workloads.collectives import Entry, Exit, ring_allreduce
-from fabric_emu.workloads.program import Program
+from fabric_emu.workloads.program import COMPUTE, COMPUTE_CAT, Program, Times
 
 
-# --------------------------------------------------------------------------- pipelines
+# --------------------------------------------------------------------------- schedule
 
 def stage_order(schedule: str, stages: int, stage: int, microbatches: int) -> list[tuple[str, int]]:
     """The order a stage runs its forward ("F", i) and backward ("B", i) passes.
@@ -82,6 +98,24 @@ def training_step(p: Program, job: str, grid: Grid, *, microbatches: int, schedu
     return {h: [p.join(job, h, tails[h], step=step)] for h in tails}
 
 
+def training_program(job: str, w: PipelineWorkload | TrainingWorkload, grid: Grid,
+                     p: Program | None = None) -> Program:
+    """`w.iterations` training steps back to back: a rank starts step i+1 when its part of step i
+    is done. A pipeline job has no TP or DP all-reduce; its gradients default to its activations."""
+    p = p if p is not None else Program()
+    entry: Entry = {}
+    grad = w.gradient_size if isinstance(w, PipelineWorkload) else w.activation_size
+    tp_bytes = w.tp_allreduce_size if isinstance(w, TrainingWorkload) else 0
+    dp_bytes = w.dp_allreduce_size if isinstance(w, TrainingWorkload) else 0
+    for it in range(w.iterations):
+        entry = training_step(
+            p, job, grid, microbatches=w.microbatches, schedule=w.schedule,
+            forward_s=w.forward, backward_s=w.backward_s, activation_bytes=w.activation_size,
+            gradient_bytes=w.activation_size if grad is None else grad, tp_bytes=tp_bytes,
+            dp_bytes=dp_bytes, entry=entry, step=it)
+    return p
+
+
 def bubble_fraction(stages: int, microbatches: int) -> float:
     """The idle share of a pipeline step with equal stages and free communication: (p-1)/(m+p-1)."""
     return (stages - 1) / (microbatches + stages - 1)
@@ -130,3 +164,76 @@ def tp_groups(tp: int, hosts_by_leaf: Sequence[Sequence[str]]) -> list[list[str]
     groups += [spare[i:i + tp] for i in range(0, len(spare) - tp + 1, tp)]
     return groups
 
+
+# --------------------------------------------------------------------------- results
+
+SPLIT_KEYS = ("compute", "tp", "pp", "dp", "waiting")
+
+
+def step_split(p: Program, times: Times, job: str, step: int, bounds: tuple[float, float]) -> dict[str, dict[str, float]]:
+    """Per host of the job: where its step's time went (emulated seconds, summing to the step).
+
+    A host's stream is its compute ops (and joins) in order. Between one's end and the next's
+    start the stream waits on the next op's dependencies: each stretch until a dependency ends
+    counts as that dependency's kind (tp or dp all-reduce, pp activations or gradients, which
+    includes the pipeline's bubble); compute counts as compute; what is left after the host's
+    last op, until the slowest rank ends the step, is waiting."""
+    start, end = bounds
+    out: dict[str, dict[str, float]] = {}
+    for h in dict.fromkeys(o.host for o in p.ops if o.job == job):
+        split = dict.fromkeys(SPLIT_KEYS, 0.0)
+        cursor = start
+        for o in p.ops:
+            if o.host != h or o.job != job or o.step != step or o.kind != COMPUTE:
+                continue
+            s, e = times[o.id]
+            for dep_end, cat in sorted((times[d][1], _kind(p.ops[d].cat)) for d in o.deps):
+                if dep_end > cursor:
+                    upto = min(dep_end, s)
+                    split[cat] += max(0.0, upto - cursor)
+                    cursor = max(cursor, upto)
+            split["waiting"] += max(0.0, s - cursor)  # the engine's own delay
+            if o.cat == COMPUTE_CAT:
+                split["compute"] += e - s
+            cursor = max(cursor, e)
+        split["waiting"] += max(0.0, end - cursor)
+        out[h] = split
+    return out
+
+
+def _kind(cat: str) -> str:
+    if cat in ("tp", "pp", "dp", "compute"):
+        return cat
+    return "waiting"  # sync: the previous step, on a host that started it late
+
+
+def step_results(job: str, w: PipelineWorkload | TrainingWorkload, grid: Grid, p: Program, times: Times,
+                 bounds: list[tuple[float, float]], dilation: float) -> dict:
+    """A pipeline or training job's metrics in summary.json, from the (start, end) of each step."""
+    steps = []
+    for k, b in enumerate(bounds):
+        split = step_split(p, times, job, k, b)
+        t = b[1] - b[0]
+        busy = {h: s["compute"] / t for h, s in split.items()}
+        steps.append({"step": k, "time_fabric_s": t / dilation, "time_s": t,
+                      "split_fabric_s": {key: mean(s[key] for s in split.values()) / dilation for key in SPLIT_KEYS},
+                      "bubble_fraction": 1 - mean(busy.values()),
+                      "stage_busy_fabric_s": [mean(split[h]["compute"] for rep in grid for h in rep[s]) / dilation
+                                              for s in range(len(grid[0]))]})
+    pp = len(grid[0])
+    out = {"stages": pp, "microbatches": w.microbatches, "schedule": w.schedule,
+           "step_time_fabric_s": mean(s["time_fabric_s"] for s in steps),
+           "bubble_fraction": mean(s["bubble_fraction"] for s in steps),
+           "bubble_fraction_ideal": bubble_fraction(pp, w.microbatches),
+           "split_fabric_s": {key: mean(s["split_fabric_s"][key] for s in steps) for key in SPLIT_KEYS},
+           "stage_busy_fabric_s": [mean(s["stage_busy_fabric_s"][i] for s in steps) for i in range(pp)],
+           "per_step": steps}
+    if isinstance(w, TrainingWorkload):
+        out.update(tp=w.tp, pp=w.pp, dp=w.dp,
+                   placement=w.placement if isinstance(w.placement, str) else "explicit",
+                   grid=grid)
+        n = w.tp * w.pp * w.dp
+        comm = sum(o.nbytes for o in p.ops if o.job == job and o.kind == "send")
+        # per-job bandwidth: every rank's bytes over the step time (how hard the job drives its links)
+        out["busbw_gbps"] = comm / n / w.iterations * 8 / out["step_time_fabric_s"] / 1e9
+    return out
