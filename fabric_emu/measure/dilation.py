@@ -93,7 +93,7 @@ def fair_rates(pairs: list[tuple[str, str]], link_bps: dict[str, float]) -> list
 
 
 def _pairs(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str]) -> list[tuple[str, str]]:
-    from fabric_emu.workloads.traffic import workload_flows
+    from fabric_emu.workloads.flows import workload_flows
 
     from fabric_emu.workloads import jobs
 

@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from fabric_emu.workloads import jobs, traffic
+from fabric_emu.workloads import jobs
+from fabric_emu.workloads.flows import workload_flows
 from fabric_emu.lb import spray
 from fabric_emu.nic.config import (AgentConfig, DcqcnConfig, EngineConfig, FlowConfig, FlowsConfig,
                                      ProgramChannel, ProgramConfig, ProgramOp, RankInfo, RingConfig,
@@ -57,7 +58,7 @@ def agent_workload(spec: ExperimentSpec, plan: FabricPlan) -> RingConfig | Flows
     w = spec.workload
     if isinstance(w, AllReduceWorkload):
         return RingConfig(size=w.size, iterations=w.iterations, qps_per_peer=w.qps_per_peer)
-    flows = traffic.workload_flows(w, [h.name for h in plan.hosts])
+    flows = workload_flows(w, [h.name for h in plan.hosts])
     return FlowsConfig(type="flows", flows=tuple(
         FlowConfig(src=f.src, dst=f.dst, size=f.size, qps=f.qps, iterations=f.iterations,
                    start_s=f.start_s * plan.dilation, gap_s=f.gap_s * plan.dilation) for f in flows))

@@ -13,7 +13,7 @@ from collections import Counter
 
 from fabric_emu.spec.config import FlowsWorkload, IncastWorkload
 from fabric_emu.topo.plan import FabricPlan
-from fabric_emu.workloads.traffic import Flow, workload_flows
+from fabric_emu.workloads.flows import Flow, workload_flows
 
 
 def transport_section(plan: FabricPlan, agents: dict[str, dict], switch_drops: int | None) -> dict:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from fabric_emu.spec.config import SpecError, load_experiment
 from fabric_emu.topo.plan import build_plan, resolve_ranks
-from fabric_emu.workloads import jobs, traffic
+from fabric_emu.workloads import jobs
+from fabric_emu.workloads.flows import agent_hosts, unknown_hosts, workload_flows, workload_line_rate_s
 
 # A stalled rank waits for the timeout, so the default scales with the workload instead of
 # being minutes long.
@@ -38,13 +39,13 @@ def load_checked(path: Path, sets: list[str], measure: bool = False):
             raise SpecError([(str(path), "workload.ranks",
                               f"unknown host {e.args[0]!r} (hosts are {names[0]}..{names[-1]})")]) from None
     else:
-        unknown = traffic.unknown_hosts(w, names)
+        unknown = unknown_hosts(w, names)
         if unknown:
             raise SpecError([(str(path), field, msg) for field, msg in unknown])
-        flows = traffic.workload_flows(w, names)
+        flows = workload_flows(w, names)
         if not flows:  # an incast from 'all' in a fabric of one host
             raise SpecError([(str(path), "workload.senders", f"'all' is nobody: {w.receiver} is the only host")])
-        ranks = traffic.agent_hosts(flows, names)
+        ranks = agent_hosts(flows, names)
     for i, b in enumerate(spec.background):
         for end in ("src", "dst"):
             if getattr(b, end) not in plan.host_by_name:
@@ -58,7 +59,7 @@ def load_checked(path: Path, sets: list[str], measure: bool = False):
         if program is not None:
             line_rate_s = jobs.line_rate_s(program, plan.host_rate_bps(ranks[0]), plan.dilation)
         else:
-            line_rate_s = traffic.line_rate_s(w, ranks, names, plan.host_rate_bps(ranks[0]), plan.dilation)
+            line_rate_s = workload_line_rate_s(w, ranks, names, plan.host_rate_bps(ranks[0]), plan.dilation)
         spec = spec.model_copy(update={"timeout": DEFAULT_TIMEOUT_BASE_S + 10 * line_rate_s})
     if spec.capture is not None:
         ports = {p.intf for sw in plan.switches for p in plan.ports(sw.name)}

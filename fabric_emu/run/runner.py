@@ -21,7 +21,7 @@ from rich.console import Console
 
 from fabric_emu.measure import counters
 from fabric_emu.results import folder as results
-from fabric_emu.workloads import traffic
+from fabric_emu.workloads.flows import planned_bytes, workload_line_rate_s
 from fabric_emu.run.background import Background
 from fabric_emu.fabric.capture import Captures
 from fabric_emu.state.cleanup import clean_record, clean_stale
@@ -327,8 +327,8 @@ class Runner:
             planned = sum(o.nbytes for o in program.ops if o.kind == RECV)
         else:
             hosts = [h.name for h in self.plan.hosts]
-            line_rate_s = traffic.line_rate_s(self.spec.workload, self.ranks, hosts, rate, self.plan.dilation)
-            planned = traffic.planned_bytes(self.spec.workload, self.ranks, hosts)
+            line_rate_s = workload_line_rate_s(self.spec.workload, self.ranks, hosts, rate, self.plan.dilation)
+            planned = planned_bytes(self.spec.workload, self.ranks, hosts)
         return RunProgress(self.console, to_hosts, planned, line_rate_s, self.plan.dilation)
 
     def _watched(self) -> dict[int, str]:

@@ -10,8 +10,8 @@ from rich.table import Table
 from fabric_emu.spec.config import AllReduceWorkload, ExperimentSpec, IncastWorkload
 from fabric_emu.workloads.jobs import build_program, placement_rows, resolve_jobs, uses_program
 from fabric_emu.topo.plan import FabricPlan
-from fabric_emu.workloads.schedules import bubble_fraction
-from fabric_emu.workloads.traffic import flows_line_rate_s, workload_flows
+from fabric_emu.workloads.training import bubble_fraction
+from fabric_emu.workloads.flows import flows_line_rate_s, workload_flows
 from fabric_emu.spec.units import format_rate, format_size
 
 

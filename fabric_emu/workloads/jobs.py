@@ -1,28 +1,32 @@
 """An experiment's jobs as one per-rank Program, and each job's results from its ops' times, pure.
 
+What every job run as a Program has in common; each kind builds and measures its own:
+
+    spec --resolve_jobs--> [Job: ranks placed] --build_program--> Program --> NIC engines
+        collectives:          collective_program, collective_results (fabric_emu.workloads.collectives)
+        pipeline, training:   training_program, step_results         (fabric_emu.workloads.training)
+    engines' [start, end] per op --op_times--> Times --job_results--> summary.json's `jobs`
+
 Jobs: the collectives (allreduce by halving-doubling, reducescatter, allgather, alltoall,
 sendrecv), pipelines and 3D-parallel training steps, alone (`workload`) or several at once
 (`workloads`; a ring all-reduce there too). A single ring all-reduce, incast or flows workload
 keeps its own driver (fabric_emu.nic.drivers.ring, flows).
 
-Results follow nccl-tests for collectives (algbw = S/t, busbw = algbw x the collective's
-factor). For pipelines and training a step's time is split, per rank, by what its stream waited
-for (step_split), and the pipeline bubble is the share of the step a stage did not compute.
+A job's results: its planned bytes, completion time and step bounds here, then its kind's
+metrics (nccl-tests' algbw and busbw for a collective; a step's split and the pipeline bubble).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from statistics import mean
 
-from fabric_emu.workloads import schedules
 from fabric_emu.spec.config import (AllReduceWorkload, CollectiveWorkload, ExperimentSpec, PipelineWorkload,
-                               TrainingWorkload)
+                                    TrainingWorkload)
 from fabric_emu.topo.plan import FabricPlan, resolve_ranks
-from fabric_emu.workloads.program import COMPUTE, COMPUTE_CAT, Program
+from fabric_emu.workloads import collectives, training
+from fabric_emu.workloads.program import COMPUTE, Program, Times
 
 PROGRAM_TYPES = ("reducescatter", "allgather", "alltoall", "sendrecv", "pipeline", "training")
-SPLIT_KEYS = ("compute", "tp", "pp", "dp", "waiting")
 
 
 class JobError(ValueError):
@@ -39,7 +43,7 @@ class Job:
     workload: AllReduceWorkload | CollectiveWorkload | PipelineWorkload | TrainingWorkload
     field: str  # where the spec gives it: workload, or workloads.<i>
     hosts: list[str]  # in rank order (for a grid: d, s, t with t fastest)
-    grid: schedules.Grid | None = None  # pipelines and training
+    grid: training.Grid | None = None  # pipelines and training
 
     @property
     def type(self) -> str:
@@ -100,7 +104,7 @@ def _resolve(name: str, w, field: str, plan: FabricPlan) -> Job:
         _known(plan, f"{field}.stages", hosts)
         return Job(name, w, field, hosts, [list(w.stages)])
     try:
-        grid = schedules.place(w.tp, w.pp, w.dp, w.placement, hosts_by_leaf(plan))
+        grid = training.place(w.tp, w.pp, w.dp, w.placement, hosts_by_leaf(plan))
     except ValueError as e:
         raise JobError(f"{field}.placement", str(e)) from None
     hosts = [h for rep in grid for stage in rep for h in stage]
@@ -114,19 +118,10 @@ def build_program(jobs: list[Job]) -> Program:
     for job in jobs:
         w = job.workload
         if isinstance(w, (AllReduceWorkload, CollectiveWorkload)):
-            schedules.collective_program(job.name, w.type, w.algorithm, job.hosts, w.size, w.iterations,
-                                         w.qps_per_peer, p)
-            continue
-        entry: schedules.Entry = {}
-        grad = w.gradient_size if isinstance(w, PipelineWorkload) else w.activation_size
-        tp_bytes = w.tp_allreduce_size if isinstance(w, TrainingWorkload) else 0
-        dp_bytes = w.dp_allreduce_size if isinstance(w, TrainingWorkload) else 0
-        for it in range(w.iterations):
-            entry = schedules.training_step(
-                p, job.name, job.grid, microbatches=w.microbatches, schedule=w.schedule,
-                forward_s=w.forward, backward_s=w.backward_s, activation_bytes=w.activation_size,
-                gradient_bytes=w.activation_size if grad is None else grad, tp_bytes=tp_bytes,
-                dp_bytes=dp_bytes, entry=entry, step=it)
+            collectives.collective_program(job.name, w.type, w.algorithm, job.hosts, w.size, w.iterations,
+                                           w.qps_per_peer, p)
+        else:
+            training.training_program(job.name, w, job.grid, p)
     p.check()
     return p
 
@@ -153,9 +148,6 @@ def pairs(p: Program) -> list[tuple[str, str]]:
 
 # --------------------------------------------------------------------------- results
 
-Times = list[tuple[float, float] | None]  # per op id: (start, end) emulated epoch seconds
-
-
 def op_times(p: Program, by_host: dict[str, list]) -> Times:
     """Per op id, from each host's reported [start, end] list (in its ops' order)."""
     out: Times = [None] * len(p.ops)
@@ -181,43 +173,6 @@ def step_bounds(p: Program, times: Times, job: str) -> list[tuple[float, float]]
     return [(b[0], b[1]) for _, b in sorted(steps.items())]
 
 
-def step_split(p: Program, times: Times, job: str, step: int, bounds: tuple[float, float]) -> dict[str, dict[str, float]]:
-    """Per host of the job: where its step's time went (emulated seconds, summing to the step).
-
-    A host's stream is its compute ops (and joins) in order. Between one's end and the next's
-    start the stream waits on the next op's dependencies: each stretch until a dependency ends
-    counts as that dependency's kind (tp or dp all-reduce, pp activations or gradients, which
-    includes the pipeline's bubble); compute counts as compute; what is left after the host's
-    last op, until the slowest rank ends the step, is waiting."""
-    start, end = bounds
-    out: dict[str, dict[str, float]] = {}
-    for h in dict.fromkeys(o.host for o in p.ops if o.job == job):
-        split = dict.fromkeys(SPLIT_KEYS, 0.0)
-        cursor = start
-        for o in p.ops:
-            if o.host != h or o.job != job or o.step != step or o.kind != COMPUTE:
-                continue
-            s, e = times[o.id]
-            for dep_end, cat in sorted((times[d][1], _kind(p.ops[d].cat)) for d in o.deps):
-                if dep_end > cursor:
-                    upto = min(dep_end, s)
-                    split[cat] += max(0.0, upto - cursor)
-                    cursor = max(cursor, upto)
-            split["waiting"] += max(0.0, s - cursor)  # the engine's own delay
-            if o.cat == COMPUTE_CAT:
-                split["compute"] += e - s
-            cursor = max(cursor, e)
-        split["waiting"] += max(0.0, end - cursor)
-        out[h] = split
-    return out
-
-
-def _kind(cat: str) -> str:
-    if cat in ("tp", "pp", "dp", "compute"):
-        return cat
-    return "waiting"  # sync: the previous step, on a host that started it late
-
-
 def job_results(job: Job, p: Program, times: Times, dilation: float, host_gbps: float,
                 leaf_of: dict[str, str]) -> dict:
     """summary.json's entry for one job (times in modelled and emulated seconds)."""
@@ -236,59 +191,10 @@ def job_results(job: Job, p: Program, times: Times, dilation: float, host_gbps: 
     out["jct_s"] = bounds[-1][1] - bounds[0][0]
     out["jct_fabric_s"] = out["jct_s"] / dilation
     if isinstance(w, (AllReduceWorkload, CollectiveWorkload)):
-        out.update(_collective_results(w, len(job.hosts), bounds, dilation, host_gbps))
+        out.update(collectives.collective_results(w.type, w.algorithm, w.size, len(job.hosts), bounds,
+                                                  dilation, host_gbps))
     else:
-        out.update(_step_results(job, p, times, bounds, dilation))
-    return out
-
-
-def _collective_results(w, n: int, bounds: list[tuple[float, float]], dilation: float,
-                        host_gbps: float) -> dict:
-    factor = schedules.busbw_factor(w.type, n)
-    per = []
-    for k, (s, e) in enumerate(bounds):
-        t = (e - s) / dilation
-        algbw = w.size * 8 / t / 1e9
-        per.append({"iteration": k, "time_fabric_s": t, "time_s": e - s, "algbw_gbps": algbw,
-                    "busbw_gbps": algbw * factor})
-    # back to back, a rank starts the next iteration when its part is done: the mean is the
-    # whole time over the iterations (nccl-tests' average), not the mean of overlapping ones
-    t = (bounds[-1][1] - bounds[0][0]) / len(bounds) / dilation
-    algbw = w.size * 8 / t / 1e9
-    return {"algorithm": w.algorithm, "size_bytes": w.size, "iteration_time_fabric_s": t,
-            "algbw_gbps": algbw, "busbw_gbps": algbw * factor, "busbw_factor": factor,
-            "busbw_fraction": algbw * factor / host_gbps, "per_iteration": per}
-
-
-def _step_results(job: Job, p: Program, times: Times, bounds: list[tuple[float, float]],
-                  dilation: float) -> dict:
-    w = job.workload
-    steps = []
-    for k, b in enumerate(bounds):
-        split = step_split(p, times, job.name, k, b)
-        t = b[1] - b[0]
-        busy = {h: s["compute"] / t for h, s in split.items()}
-        steps.append({"step": k, "time_fabric_s": t / dilation, "time_s": t,
-                      "split_fabric_s": {key: mean(s[key] for s in split.values()) / dilation for key in SPLIT_KEYS},
-                      "bubble_fraction": 1 - mean(busy.values()),
-                      "stage_busy_fabric_s": [mean(split[h]["compute"] for rep in job.grid for h in rep[s]) / dilation
-                                              for s in range(len(job.grid[0]))]})
-    pp = len(job.grid[0])
-    out = {"stages": pp, "microbatches": w.microbatches, "schedule": w.schedule,
-           "step_time_fabric_s": mean(s["time_fabric_s"] for s in steps),
-           "bubble_fraction": mean(s["bubble_fraction"] for s in steps),
-           "bubble_fraction_ideal": schedules.bubble_fraction(pp, w.microbatches),
-           "split_fabric_s": {key: mean(s["split_fabric_s"][key] for s in steps) for key in SPLIT_KEYS},
-           "stage_busy_fabric_s": [mean(s["stage_busy_fabric_s"][i] for s in steps) for i in range(pp)],
-           "per_step": steps}
-    if isinstance(w, TrainingWorkload):
-        out.update(tp=w.tp, pp=w.pp, dp=w.dp,
-                   placement=w.placement if isinstance(w.placement, str) else "explicit",
-                   grid=job.grid)
-        n = w.tp * w.pp * w.dp
-        comm = sum(o.nbytes for o in p.ops if o.job == job.name and o.kind == "send")
-        # per-job bandwidth: every rank's bytes over the step time (how hard the job drives its links)
-        out["busbw_gbps"] = comm / n / w.iterations * 8 / out["step_time_fabric_s"] / 1e9
+        out.update(training.step_results(job.name, w, job.grid, p, times, bounds, dilation))
     return out
 
 

@@ -11,9 +11,10 @@ hosts the only link is data: the n-th send on a channel is the n-th recv at the 
 because RC delivers a queue pair's messages in order and a sender posts a channel's messages in
 their order. So a step starts exactly when the data it needs has arrived, as in NCCL.
 
-Every workload (collectives, pipelines, 3D-parallel training, several jobs) is built by
-fabric_emu.workloads.schedules into one Program; the NIC engines run each host's part of it
-(fabric_emu.nic.drivers.program) and report when each operation started and ended.
+Every workload (collectives, pipelines, 3D-parallel training, several jobs) is built into one
+Program (fabric_emu.workloads.collectives, training; jobs puts an experiment's jobs together);
+the NIC engines run each host's part of it (fabric_emu.nic.drivers.program) and report when each
+operation started and ended (Times).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 SEND, RECV, COMPUTE = "send", "recv", "compute"
-# What an operation's time counts as in a step's split (fabric_emu.workloads.jobs.step_split).
+# What an operation's time counts as in a step's split (fabric_emu.workloads.training.step_split).
 COMPUTE_CAT, SYNC_CAT = "compute", "sync"
 
 
@@ -146,6 +147,9 @@ class Program:
             if o.kind == SEND:
                 out[o.host] = out.get(o.host, 0) + o.nbytes
         return out
+
+
+Times = list[tuple[float, float] | None]  # per op id: (start, end) emulated epoch seconds
 
 
 def _acyclic(p: Program) -> bool:

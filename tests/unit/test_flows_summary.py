@@ -13,7 +13,7 @@ from fabric_emu.run.prepare import load_checked
 from fabric_emu.results.summary import build_summary
 from fabric_emu.results.table import print_summary
 from fabric_emu.results.transport import flow_rows, flows_metrics, jain_index
-from fabric_emu.workloads.traffic import Flow
+from fabric_emu.workloads.flows import Flow
 
 D = 2000  # dilation
 

@@ -9,7 +9,7 @@ from rich.console import Console
 
 from fabric_emu.spec.config import AllReduceWorkload, FlowsWorkload
 from fabric_emu.run.progress import DATA_OVERHEAD, RunProgress, payload_estimate, progress_text
-from fabric_emu.workloads.traffic import planned_bytes
+from fabric_emu.workloads.flows import planned_bytes
 
 
 def test_planned_bytes_is_what_the_receivers_get():

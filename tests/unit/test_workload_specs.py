@@ -98,7 +98,7 @@ def test_set_workload_size_works_for_every_type(spec_dir: Path, workload: str, s
 
 
 def test_set_workload_size_on_flows_sizes_the_flows_without_their_own(spec_dir: Path):
-    from fabric_emu.workloads.traffic import workload_flows
+    from fabric_emu.workloads.flows import workload_flows
 
     spec, plan, _ = load_checked(write(spec_dir, "{type: flows, flows: [{src: h1, dst: h2},"
                                                  " {src: h3, dst: h4, size: 5MB}]}"), ["workload.size=2MB"])

@@ -1,9 +1,17 @@
-"""What a workload asks of the fabric, pure: its flows, the hosts that run an agent, its line-rate time.
+"""Flows and incast, pure: their flows, the hosts that run an agent, their line-rate time.
 
 Incast and flows workloads both come down to a list of Flow: `size` bytes per iteration from src
 to dst, split evenly over `qps` queue pairs (one RDMA WRITE message per queue pair per
 iteration), starting `start_s` of modelled time after the common start. An incast is one flow
-per sender to the receiver, all starting at 0.
+per sender to the receiver, all starting at 0:
+
+    h2 ---.
+    h3 ---+--> h1      incast {receiver: h1, senders: [h2, h3, h4]}: Flow(h2, h1, size), ...
+    h4 ---'
+
+Both run on the flows driver (fabric_emu.nic.drivers.flows). The yardsticks of a run without a
+Program (workload_line_rate_s, planned_bytes) also cover the single ring all-reduce, the other
+workload with a driver of its own (fabric_emu.workloads.collectives.RingAllReduce).
 """
 
 from __future__ import annotations
@@ -85,9 +93,10 @@ def flows_line_rate_s(flows: list[Flow], rate_bps: float, dilation: float) -> fl
     return busiest * 8 / rate_bps + latest * dilation
 
 
-def line_rate_s(w: AllReduceWorkload | IncastWorkload | FlowsWorkload, ranks: list[str],
-                hosts: list[str], rate_bps: float, dilation: float) -> float:
-    """Any workload's emulated time at the host line rate (payload only): the timeout's yardstick."""
+def workload_line_rate_s(w: AllReduceWorkload | IncastWorkload | FlowsWorkload, ranks: list[str],
+                         hosts: list[str], rate_bps: float, dilation: float) -> float:
+    """The emulated time at the host line rate (payload only) of a workload with a driver of its
+    own: the timeout's yardstick (a Program's: fabric_emu.workloads.jobs.line_rate_s)."""
     if isinstance(w, AllReduceWorkload):
         return ring_allreduce_line_rate_s(w.size, len(ranks), w.iterations, rate_bps)
     return flows_line_rate_s(workload_flows(w, hosts), rate_bps, dilation)
