@@ -2,7 +2,7 @@
 PFC thresholds. Pure (no root): the datapath installs it, `show` prints it, and the results
 record it as installed.
 
-Buffer model (static thresholds, documented in README "Lossless ports"):
+Buffer model (static thresholds, documented in docs/lossless-ports.md):
 * lossy classes (priority 0, CNPs in 6, and RoCE in 3 when PFC is off): each egress queue holds at
   most `port_buffer` bytes, tail drop beyond;
 * the lossless class (priority 3 with PFC on) is admitted per INGRESS port: each switch port
