@@ -14,7 +14,8 @@ from typing import Annotated, Callable, Iterator, Optional
 import typer
 from rich.console import Console
 
-from fabric_emu.spec.config import SpecError, load_topology, read_yaml
+from fabric_emu.spec.errors import SpecError
+from fabric_emu.spec.load import load_topology, read_yaml
 from fabric_emu.run.prepare import load_checked
 from fabric_emu.topo.plan import build_plan
 from fabric_emu.results.sweep import Point, RunResult, check_overrides, check_size, grid, parse_over, parse_seeds

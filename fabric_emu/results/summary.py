@@ -15,7 +15,8 @@ from rich.table import Table
 
 from fabric_emu.workloads import jobs
 from fabric_emu.workloads.collectives import allreduce_busbw
-from fabric_emu.spec.config import AllReduceWorkload, ExperimentSpec
+from fabric_emu.spec.experiment import ExperimentSpec
+from fabric_emu.spec.workloads import AllReduceWorkload
 from fabric_emu.measure.counters import totals
 from fabric_emu.fabric.events import failovers
 from fabric_emu.measure.fidelity import verdict

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fabric_emu.spec.config import SpecError, load_experiment
+from fabric_emu.spec.errors import SpecError
+from fabric_emu.spec.load import load_experiment
 from fabric_emu.topo.plan import build_plan, resolve_ranks
 from fabric_emu.workloads import jobs, traffic
 

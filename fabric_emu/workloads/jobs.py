@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from statistics import mean
 
 from fabric_emu.workloads import schedules
-from fabric_emu.spec.config import (AllReduceWorkload, CollectiveWorkload, ExperimentSpec, PipelineWorkload,
-                               TrainingWorkload)
+from fabric_emu.spec.experiment import ExperimentSpec
+from fabric_emu.spec.workloads import AllReduceWorkload, CollectiveWorkload, PipelineWorkload, TrainingWorkload
 from fabric_emu.topo.plan import FabricPlan, resolve_ranks
 from fabric_emu.workloads.program import COMPUTE, COMPUTE_CAT, Program
 

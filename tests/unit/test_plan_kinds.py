@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from fabric_emu.spec.config import (SWITCH_PORT_RE, FatTreeSpec, RailOptimizedSpec, SpecError, load_experiment,
-                               load_topology)
+from fabric_emu.spec.errors import SpecError
+from fabric_emu.spec.load import load_experiment, load_topology
+from fabric_emu.spec.topology import SWITCH_PORT_RE, FatTreeSpec, RailOptimizedSpec
 from fabric_emu.topo.plan import FabricPlan, build_plan
 
 REPO = Path(__file__).resolve().parents[2]

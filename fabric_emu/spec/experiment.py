@@ -1,0 +1,175 @@
+"""ExperimentSpec: a topology, its workload(s) and every setting of the run, checked together."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import Field, field_validator, model_validator
+
+from fabric_emu.spec.errors import problem_at
+from fabric_emu.spec.events import BackgroundSpec, CaptureSpec, EventSpec
+from fabric_emu.spec.fields import NAME_RE, Seconds, Strict
+from fabric_emu.spec.lb import IMPLEMENTED_LB, DlbSpec, SpraySpec
+from fabric_emu.spec.lossless import EcnSpec, PfcSpec, resolve_thresholds
+from fabric_emu.spec.topology import Topology
+from fabric_emu.spec.transport import DcqcnSpec, TransportSpec
+from fabric_emu.spec.workloads import JobWorkload, Workload
+
+
+class ExperimentSpec(Strict):
+    name: str = Field(pattern=NAME_RE)
+    topology: Topology
+    load_balancing: Literal["ecmp", "dlb", "spray"] = "ecmp"
+    workload: Optional[Workload] = None
+    workloads: list[JobWorkload] = Field(default_factory=list, max_length=16,
+                                         description="several jobs at once (instead of workload)")
+    background: list[BackgroundSpec] = Field(default_factory=list, max_length=32)
+    jobs_alone: bool = Field(default=True, description="with several jobs: first run each by itself, "
+                             "so the summary shows how much they slowed each other")
+    seed: int = Field(default=1, ge=0, le=2**32 - 1)
+    timeout: Optional[Seconds] = Field(
+        default=None, gt=0, le=86400,
+        description="wall-clock limit of the traffic phase (default: 30 s + 10x its time at line rate)")
+    capture: Optional[CaptureSpec] = None
+    ecn: EcnSpec = EcnSpec()
+    pfc: PfcSpec = PfcSpec()
+    congestion_control: Literal["dcqcn", "none"] = "dcqcn"
+    dcqcn: DcqcnSpec = DcqcnSpec()
+    transport: TransportSpec = TransportSpec()
+    spray: SpraySpec = SpraySpec()
+    dlb: DlbSpec = DlbSpec()
+    events: list[EventSpec] = Field(default_factory=list, max_length=1000)
+
+    @field_validator("load_balancing")
+    @classmethod
+    def _lb_implemented(cls, v: str) -> str:
+        # dlb and spray have their place in controller/core.py; until they exist, say so.
+        if v not in IMPLEMENTED_LB:
+            raise ValueError(f"'{v}' is not implemented yet (allowed: {', '.join(IMPLEMENTED_LB)})")
+        return v
+
+    @model_validator(mode="after")
+    def _thresholds_fit(self):
+        """Fill the buffer-dependent defaults; thresholds beyond the buffer, or a headroom that
+        cannot keep PFC lossless, are errors (when the mechanism is on)."""
+        from fabric_emu.cc.headroom import headroom_bytes
+
+        t, buf = self.topology, self.topology.port_buffer
+        e, p = self.ecn, self.pfc
+        frame = t.mtu + 14
+        gbps = max(t.host_link.gbps, t.fabric_link.gbps)
+        need = headroom_bytes(frame, gbps, p.cable_length)
+        kmin, kmax, headroom, xoff, xon = resolve_thresholds(e, p, buf, need)
+        if e.enabled:
+            if kmin >= kmax:
+                raise problem_at("ExperimentSpec", ("ecn", "kmin"), f"{kmin} B is not below kmax ({kmax} B)", kmin)
+            if kmax > buf:
+                raise problem_at("ExperimentSpec", ("ecn", "kmax"),
+                                  f"{kmax} B is beyond topology.port_buffer ({buf} B)", kmax)
+        if p.enabled:
+            if headroom < need:
+                raise problem_at("ExperimentSpec", ("pfc", "headroom"),
+                                  f"{headroom} B cannot keep {gbps:g} Gb/s lossless: in flight after a pause"
+                                  f" are up to {need} B (2 frames of {frame} B, {p.cable_length:g} m of"
+                                  " cable both ways, the 802.3 response time); raise it or set pfc.enabled: false",
+                                  headroom)
+            if xoff <= 0:
+                raise problem_at("ExperimentSpec", ("topology", "port_buffer"),
+                                  f"{buf} B cannot hold PFC's headroom ({headroom} B) and an xoff above it;"
+                                  " raise it or set pfc.enabled: false", buf)
+            if xon >= xoff:
+                raise problem_at("ExperimentSpec", ("pfc", "xon"), f"{xon} B is not below xoff ({xoff} B)", xon)
+            if xoff + headroom > buf:
+                raise problem_at("ExperimentSpec", ("pfc", "xoff"),
+                                  f"xoff + headroom ({xoff} + {headroom} B) is beyond"
+                                  f" topology.port_buffer ({buf} B)", xoff)
+        return self.model_copy(update={
+            "ecn": e.model_copy(update={"kmin": kmin, "kmax": kmax}),
+            "pfc": p.model_copy(update={"headroom": headroom, "xoff": max(1, xoff), "xon": xon})})
+
+    @model_validator(mode="after")
+    def _lb_modes_fit_the_kind(self):
+        """Spraying and DLB act on a leaf's uplinks to one spine tier (controller/core.py); other
+        kinds route by ECMP at every tier."""
+        if self.topology.kind == "leaf-spine":
+            return self
+        if self.load_balancing != "ecmp":
+            raise problem_at("ExperimentSpec", ("load_balancing",),
+                              f"{self.load_balancing} runs on leaf-spine fabrics only; this one is "
+                              f"{self.topology.kind} (allowed: ecmp)", self.load_balancing)
+        for i, e in enumerate(self.events):
+            if e.load_balancing not in (None, "ecmp"):
+                raise problem_at("ExperimentSpec", ("events", i, "load_balancing"),
+                                  f"{e.load_balancing} runs on leaf-spine fabrics only; this one is "
+                                  f"{self.topology.kind} (allowed: ecmp)", e.load_balancing)
+        return self
+
+    @model_validator(mode="after")
+    def _links_exist(self):
+        """Link events name a link of this topology (leafI-spineJ or spineJ-leafI)."""
+        t = self.topology
+        if t.kind != "leaf-spine":
+            return self._links_exist_in_plan()
+        for i, e in enumerate(self.events):
+            if e.link is None:
+                continue
+            a, b = sorted(e.link.split("-"))  # "leafI" sorts before "spineJ"
+            ok = (a.startswith("leaf") and b.startswith("spine")
+                  and int(a[4:]) <= t.leaves and int(b[5:]) <= t.spines)
+            if not ok:
+                raise problem_at("ExperimentSpec", ("events", i, "link"),
+                                  f"{e.link} is not a link of this fabric (leaf1..leaf{t.leaves}"
+                                  f" to spine1..spine{t.spines}, as leaf1-spine2)", e.link)
+        return self
+
+    def _links_exist_in_plan(self):
+        """Link events name a link between two switches of the planned fabric."""
+        from fabric_emu.topo.plan import build_plan  # the plan decides the names; it imports this module
+
+        plan = build_plan(self.topology, dilation=1.0)
+        links = {frozenset((ln.a, ln.b)) for ln in plan.links if ln.kind == "fabric"}
+        for i, e in enumerate(self.events):
+            if e.link is not None and frozenset(e.link.split("-")) not in links:
+                raise problem_at("ExperimentSpec", ("events", i, "link"),
+                                  f"{e.link} is not a link between two switches of this fabric "
+                                  f"(see fabric-emu show; as {plan.links[-1].a}-{plan.links[-1].b})", e.link)
+        return self
+
+    @model_validator(mode="after")
+    def _dlb_fits(self):
+        """The flowlet stage tracks up to 16 uplinks per leaf (bpf/port.c DLB_MAX_UPLINKS)."""
+        uses_dlb = self.load_balancing == "dlb" or any(e.load_balancing == "dlb" for e in self.events)
+        if uses_dlb and self.topology.spines > 16:
+            raise problem_at("ExperimentSpec", ("load_balancing",),
+                              f"dlb handles up to 16 uplinks per leaf; this fabric has "
+                              f"{self.topology.spines} spines (use ecmp or spray)", self.load_balancing)
+        return self
+
+    @property
+    def jobs(self) -> list[Workload]:
+        """The experiment's workloads: its one `workload`, or its `workloads`."""
+        return [self.workload] if self.workload is not None else list(self.workloads)
+
+    @model_validator(mode="after")
+    def _one_kind_of_workload(self):
+        if (self.workload is None) == (not self.workloads):
+            raise problem_at("ExperimentSpec", ("workload",),
+                              "give either workload (one job) or workloads (a list of jobs)", None)
+        names = [w.name or f"job{i + 1}" for i, w in enumerate(self.workloads)]
+        for i, n in enumerate(names):
+            if names.index(n) != i:
+                raise problem_at("ExperimentSpec", ("workloads", i, "name"),
+                                  f"{n!r} names two jobs (each job needs its own name)", n)
+        return self
+
+    @model_validator(mode="after")
+    def _chunks_not_empty(self):
+        w = self.workload
+        if w is None or w.type != "allreduce":
+            return self
+        n = self.topology.host_count if w.ranks == "all" else len(w.ranks)
+        if w.size < n * w.qps_per_peer:
+            raise ValueError(
+                f"workload.size {w.size} B is smaller than ranks x qps_per_peer ({n * w.qps_per_peer});"
+                " every queue pair needs at least one byte per step")
+        return self

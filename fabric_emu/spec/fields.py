@@ -1,0 +1,36 @@
+"""What every spec model shares: the strict base model, names, and sizes, rates and times
+written in human units (fabric_emu.spec.units)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from fabric_emu.spec import units
+
+NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+NAME_HELP = "1-64 characters: letters, digits, '_', '.', '-', starting with a letter or digit"
+
+
+def _unit(parser, help_text):
+    def convert(v: Any) -> Any:
+        try:
+            return parser(v)
+        except ValueError:
+            raise ValueError(f"got {v!r} ({help_text})") from None
+
+    return BeforeValidator(convert)
+
+
+Bytes = Annotated[int, _unit(units.parse_size, units.SIZE_HELP)]
+Rate = Annotated[float, _unit(units.parse_rate_bps, units.RATE_HELP)]
+Seconds = Annotated[float, _unit(units.parse_time_s, units.TIME_HELP)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=False, frozen=True)
+
+
+HostName = Annotated[str, Field(pattern=NAME_RE)]
+JobName = Annotated[str, Field(pattern=NAME_RE)]
