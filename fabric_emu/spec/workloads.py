@@ -104,7 +104,7 @@ class TrainingWorkload(_Passes):
         if isinstance(self.placement, list):
             if len(self.placement) != n:
                 raise problem_at("TrainingWorkload", ("placement",),
-                                  f"lists {len(self.placement)} hosts; tp x pp x dp is {n}", self.placement)
+                                 f"lists {len(self.placement)} hosts; tp x pp x dp is {n}", self.placement)
             _distinct_hosts(self.placement)
         return self
 
@@ -140,11 +140,11 @@ class IncastWorkload(Strict):
         if isinstance(self.senders, list) and self.receiver in self.senders:
             i = self.senders.index(self.receiver)
             raise problem_at("IncastWorkload", ("senders", i),
-                              f"{self.receiver} is the receiver; a host cannot send to itself", self.receiver)
+                             f"{self.receiver} is the receiver; a host cannot send to itself", self.receiver)
         if self.size < self.qps_per_sender:
             raise problem_at("IncastWorkload", ("size",),
-                              f"{self.size} B is smaller than qps_per_sender ({self.qps_per_sender});"
-                              " every queue pair needs at least one byte", self.size)
+                             f"{self.size} B is smaller than qps_per_sender ({self.qps_per_sender});"
+                             " every queue pair needs at least one byte", self.size)
         return self
 
 
@@ -192,12 +192,12 @@ class FlowsWorkload(Strict):
             size = f.size if f.size is not None else self.size
             if size is None:
                 raise problem_at("FlowsWorkload", ("flows", i, "size"),
-                                  "required field is missing (or set workload.size for every flow"
-                                  " without its own)", None)
+                                 "required field is missing (or set workload.size for every flow"
+                                 " without its own)", None)
             if size < f.qps:
                 raise problem_at("FlowsWorkload", ("flows", i, "size"),
-                                  f"{size} B is smaller than qps ({f.qps}); every queue pair needs"
-                                  " at least one byte", size)
+                                 f"{size} B is smaller than qps ({f.qps}); every queue pair needs"
+                                 " at least one byte", size)
         return self
 
 
