@@ -15,8 +15,9 @@ from fabric_emu.spec.topology import SWITCH_NAME, SWITCH_PORT_RE
 class CaptureSpec(Strict):
     """Record RoCEv2 packets seen on switch ports into the results folder (pcap files)."""
 
-    ports: list[Annotated[str, Field(pattern=SWITCH_PORT_RE)]] = Field(min_length=1, max_length=16)
-    packets: int = Field(default=200, ge=1, le=100_000, description="per port")
+    ports: list[Annotated[str, Field(pattern=SWITCH_PORT_RE)]] = Field(
+        min_length=1, max_length=16, description="switch ports to record, as spine1-eth2 (1 to 16)")
+    packets: int = Field(default=200, ge=1, le=100_000, description="packets recorded per port")
     snaplen: int = Field(default=0, ge=0, le=65535, description="bytes kept per packet; 0 = all")
 
 
@@ -27,10 +28,12 @@ class EventSpec(Strict):
     (`gbps: 25`)."""
 
     at: Seconds = Field(ge=0, le=3600, description="modelled time from the start of traffic")
-    load_balancing: Optional[Literal["ecmp", "dlb", "spray"]] = None
+    load_balancing: Optional[Literal["ecmp", "dlb", "spray"]] = Field(
+        default=None, description="the load-balancing mode to change to (instead of link)")
     link: Optional[str] = Field(default=None, pattern=rf"^{SWITCH_NAME}-{SWITCH_NAME}$",
                                 description="a link between two switches, as leaf1-spine2")
-    state: Optional[Literal["up", "down"]] = None
+    state: Optional[Literal["up", "down"]] = Field(
+        default=None, description="the link goes down (both ends) or comes back up (with link)")
     gbps: Optional[float] = Field(default=None, gt=0, le=1600, description="the link's new modelled rate")
 
     @field_validator("load_balancing")
@@ -58,9 +61,9 @@ class EventSpec(Strict):
 class BackgroundSpec(Strict):
     """Lossy background traffic (iperf3, default class) from src to dst during the jobs."""
 
-    src: HostName
-    dst: HostName
-    protocol: Literal["tcp", "udp"] = "tcp"
+    src: HostName = Field(description="the sending host")
+    dst: HostName = Field(description="the receiving host")
+    protocol: Literal["tcp", "udp"] = Field(default="tcp", description="iperf3 over tcp or udp")
     gbps: Optional[float] = Field(default=None, gt=0, le=1600,
                                   description="modelled rate (udp: required; tcp: a cap, default none)")
     start: Seconds = Field(default=0.0, ge=0, le=60, description="modelled time after the jobs start")

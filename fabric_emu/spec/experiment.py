@@ -8,7 +8,7 @@ from pydantic import Field, field_validator, model_validator
 
 from fabric_emu.spec.errors import problem_at
 from fabric_emu.spec.events import BackgroundSpec, CaptureSpec, EventSpec
-from fabric_emu.spec.fields import NAME_RE, Seconds, Strict
+from fabric_emu.spec.fields import NAME_HELP, NAME_RE, Seconds, Strict
 from fabric_emu.spec.lb import IMPLEMENTED_LB, DlbSpec, SpraySpec
 from fabric_emu.spec.lossless import EcnSpec, PfcSpec, resolve_thresholds
 from fabric_emu.spec.topology import Topology, switch_tier
@@ -17,28 +17,37 @@ from fabric_emu.spec.workloads import JobWorkload, Workload
 
 
 class ExperimentSpec(Strict):
-    name: str = Field(pattern=NAME_RE)
-    topology: Topology
-    load_balancing: Literal["ecmp", "dlb", "spray"] = "ecmp"
-    workload: Optional[Workload] = None
+    """An experiment: a fabric, the workload(s) run on it, and how its switches and NICs behave."""
+
+    name: str = Field(pattern=NAME_RE, description=f"the experiment's name, its results folder's: {NAME_HELP}")
+    topology: Topology = Field(description="the fabric: a topology file's path (relative to this file) "
+                                           "or a topology mapping")
+    load_balancing: Literal["ecmp", "dlb", "spray"] = Field(
+        default="ecmp", description="how leaves spread traffic over their uplinks: ecmp (per flow hash), "
+                                    "spray (per packet) or dlb (flowlets); other kinds than leaf-spine: ecmp")
+    workload: Optional[Workload] = Field(default=None, description="the one job (or give workloads)")
     workloads: list[JobWorkload] = Field(default_factory=list, max_length=16,
                                          description="several jobs at once (instead of workload)")
-    background: list[BackgroundSpec] = Field(default_factory=list, max_length=32)
+    background: list[BackgroundSpec] = Field(default_factory=list, max_length=32,
+                                             description="lossy iperf3 traffic during the jobs")
     jobs_alone: bool = Field(default=True, description="with several jobs: first run each by itself, "
                              "so the summary shows how much they slowed each other")
-    seed: int = Field(default=1, ge=0, le=2**32 - 1)
+    seed: int = Field(default=1, ge=0, le=2**32 - 1,
+                      description="queue pair numbers, hence UDP source ports, hence ECMP paths")
     timeout: Optional[Seconds] = Field(
         default=None, gt=0, le=86400,
         description="wall-clock limit of the traffic phase (default: 30 s + 10x its time at line rate)")
-    capture: Optional[CaptureSpec] = None
-    ecn: EcnSpec = EcnSpec()
-    pfc: PfcSpec = PfcSpec()
-    congestion_control: Literal["dcqcn", "none"] = "dcqcn"
-    dcqcn: DcqcnSpec = DcqcnSpec()
-    transport: TransportSpec = TransportSpec()
-    spray: SpraySpec = SpraySpec()
-    dlb: DlbSpec = DlbSpec()
-    events: list[EventSpec] = Field(default_factory=list, max_length=1000)
+    capture: Optional[CaptureSpec] = Field(default=None, description="pcap of switch ports into the results")
+    ecn: EcnSpec = Field(default=EcnSpec(), description="RED/ECN marking of RoCE at switch egress")
+    pfc: PfcSpec = Field(default=PfcSpec(), description="PFC on the lossless priority")
+    congestion_control: Literal["dcqcn", "none"] = Field(
+        default="dcqcn", description="dcqcn, or none (CE marks are then only counted)")
+    dcqcn: DcqcnSpec = Field(default=DcqcnSpec(), description="DCQCN's preset and parameter overrides")
+    transport: TransportSpec = Field(default=TransportSpec(), description="RC acknowledgements and retransmission")
+    spray: SpraySpec = Field(default=SpraySpec(), description="packet spraying (load_balancing: spray)")
+    dlb: DlbSpec = Field(default=DlbSpec(), description="flowlet switching (load_balancing: dlb)")
+    events: list[EventSpec] = Field(default_factory=list, max_length=1000,
+                                    description="changes during the run, at modelled times from the start of traffic")
 
     @field_validator("load_balancing")
     @classmethod

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, GetJsonSchemaHandler
 
 from fabric_emu.spec import units
 
@@ -23,9 +23,20 @@ def _unit(parser, help_text):
     return BeforeValidator(convert)
 
 
-Bytes = Annotated[int, _unit(units.parse_size, units.SIZE_HELP)]
-Rate = Annotated[float, _unit(units.parse_rate_bps, units.RATE_HELP)]
-Seconds = Annotated[float, _unit(units.parse_time_s, units.TIME_HELP)]
+class _Written:
+    """The JSON schema of a value in human units: the number (with the field's bounds), or a
+    string the parser takes, as a spec file may write it."""
+
+    def __init__(self, pattern: str, help_text: str):
+        self.pattern, self.help_text = pattern, help_text
+
+    def __get_pydantic_json_schema__(self, schema: Any, handler: GetJsonSchemaHandler) -> dict:
+        return {"anyOf": [handler(schema), {"type": "string", "pattern": self.pattern, "description": self.help_text}]}
+
+
+Bytes = Annotated[int, _unit(units.parse_size, units.SIZE_HELP), _Written(units.SIZE_PATTERN, units.SIZE_HELP)]
+Rate = Annotated[float, _unit(units.parse_rate_bps, units.RATE_HELP), _Written(units.RATE_PATTERN, units.RATE_HELP)]
+Seconds = Annotated[float, _unit(units.parse_time_s, units.TIME_HELP), _Written(units.TIME_PATTERN, units.TIME_HELP)]
 
 
 class Strict(BaseModel):

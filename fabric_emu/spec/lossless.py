@@ -18,7 +18,7 @@ class EcnSpec(Strict):
     Cumulus default is 150 KB/1.5 MB/100%. In a port buffer under 1 MB the defaults shrink with
     it (kmax 40% of the buffer, kmin a quarter of kmax); given values are taken as they are."""
 
-    enabled: bool = True
+    enabled: bool = Field(default=True, description="mark CE at switch egress (false: no marking)")
     kmin: Optional[Bytes] = Field(default=None, ge=0, description="no marks at or below this depth")
     kmax: Optional[Bytes] = Field(default=None, gt=0, description="every ECT packet marked above it")
     pmax: float = Field(default=0.2, gt=0, le=1, description="mark probability at kmax")
@@ -33,9 +33,12 @@ class PfcSpec(Strict):
     profiles (deployed_parameters.md §4.4). headroom: bytes absorbed above xoff while the pause
     takes effect (default: the SONiC formula, fabric_emu/cc/headroom.py)."""
 
-    enabled: bool = True
-    xoff: Optional[Bytes] = Field(default=None, gt=0)
-    xon: Optional[Bytes] = Field(default=None, ge=0)
+    enabled: bool = Field(default=True, description="pause the lossless priority (false: it drops, like any class)")
+    xoff: Optional[Bytes] = Field(default=None, gt=0,
+                                  description="bytes from one ingress port above which it pauses its upstream "
+                                              "(default: 100 KB, less in a buffer too small for it and the headroom)")
+    xon: Optional[Bytes] = Field(default=None, ge=0,
+                                 description="bytes below which it resumes it (default: 20 KB below xoff)")
     headroom: Optional[Bytes] = Field(default=None, gt=0, description="default: the SONiC formula")
     cable_length: float = Field(default=100, ge=0, le=100_000,
                                 description="metres, for the headroom formula (Cumulus' default)")

@@ -6,12 +6,14 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BeforeValidator, Discriminator, Field, Tag, field_validator
+from pydantic import BeforeValidator, Discriminator, Field, Tag, WithJsonSchema, field_validator
 
-from fabric_emu.spec.fields import NAME_RE, Bytes, Strict
+from fabric_emu.spec.fields import NAME_HELP, NAME_RE, Bytes, Strict
 
 
 class LinkSpec(Strict):
+    """A class of links (every host link, or every link between switches)."""
+
     gbps: float = Field(gt=0, le=1600, description="modelled link rate in Gb/s")
 
 
@@ -34,15 +36,16 @@ def _dilation(v: Any) -> Any:
     return d
 
 
-Dilation = Annotated[Union[float, Literal["auto"]], BeforeValidator(_dilation)]
+Dilation = Annotated[Union[float, Literal["auto"]], BeforeValidator(_dilation), WithJsonSchema(
+    {"anyOf": [{"type": "number", "minimum": 1, "maximum": MAX_DILATION}, {"const": "auto"}]})]
 
 
 class TopologyBase(Strict):
     """What every kind of fabric has: links, dilation, MTU and port buffers."""
 
-    name: str = Field(pattern=NAME_RE)
-    host_link: LinkSpec = LinkSpec(gbps=100)
-    fabric_link: LinkSpec = LinkSpec(gbps=100)
+    name: str = Field(pattern=NAME_RE, description=f"the fabric's name: {NAME_HELP}")
+    host_link: LinkSpec = Field(default=LinkSpec(gbps=100), description="every link between a host and its leaf")
+    fabric_link: LinkSpec = Field(default=LinkSpec(gbps=100), description="every link between two switches")
     dilation: Dilation = Field(
         default=2000.0, description="emulated = modelled / dilation; 'auto': the lowest that this "
         "machine's measured capacity carries with a margin (fabric_emu.measure.dilation)")
@@ -55,16 +58,17 @@ class TopologyBase(Strict):
 
 TOPOLOGY_KINDS = ("leaf-spine", "fat-tree", "rail-optimized")
 UNKNOWN_KIND = f"allowed: {', '.join(TOPOLOGY_KINDS)}"
+KIND_HELP = f"the fabric's kind: {', '.join(TOPOLOGY_KINDS)}"
 
 
 class LeafSpineSpec(TopologyBase):
     """Two tiers: every leaf connects to every spine (the default kind)."""
 
-    kind: Literal["leaf-spine"]
+    kind: Literal["leaf-spine"] = Field(description=KIND_HELP)
     linked_tiers: ClassVar[tuple[tuple[str, str], ...]] = (("leaf", "spine"),)
-    spines: int = Field(ge=1, le=64)
-    leaves: int = Field(ge=1, le=200)
-    hosts_per_leaf: int = Field(ge=1, le=200)
+    spines: int = Field(ge=1, le=64, description="spine switches (spine1..spineS); every leaf connects to each")
+    leaves: int = Field(ge=1, le=200, description="leaf switches (leaf1..leafL)")
+    hosts_per_leaf: int = Field(ge=1, le=200, description="hosts under each leaf (h1..hN, numbered leaf by leaf)")
 
     @field_validator("kind", mode="before")
     @classmethod
@@ -84,7 +88,7 @@ class FatTreeSpec(TopologyBase):
     """A k-ary three-tier fat-tree (Al-Fares et al. 2008): (k/2)^2 core switches; k pods of k/2
     aggregation and k/2 edge switches; k/2 hosts per edge switch, k^3/4 hosts."""
 
-    kind: Literal["fat-tree"]
+    kind: Literal["fat-tree"] = Field(description=KIND_HELP)
     linked_tiers: ClassVar[tuple[tuple[str, str], ...]] = (("edge", "agg"), ("agg", "core"))
     # At most 12: the port datapath maps up to 4095 link ends (k=12 has 2,592, k=14 4,116).
     k: int = Field(ge=4, le=12, description="switch radix: an even number from 4 to 12")
@@ -105,12 +109,12 @@ class RailOptimizedSpec(TopologyBase):
     """Servers with several NICs, in groups: NIC n of every server of a group connects to the
     group's rail leaf n; every rail leaf connects to every spine."""
 
-    kind: Literal["rail-optimized"]
+    kind: Literal["rail-optimized"] = Field(description=KIND_HELP)
     linked_tiers: ClassVar[tuple[tuple[str, str], ...]] = (("rail", "spine"),)
     groups: int = Field(ge=1, le=16, description="server groups (each with its own rail leaves)")
-    servers_per_group: int = Field(ge=1, le=64)
+    servers_per_group: int = Field(ge=1, le=64, description="servers in each group")
     nics_per_server: int = Field(ge=1, le=8, description="NICs per server = rail leaves per group")
-    spines: int = Field(ge=1, le=64)
+    spines: int = Field(ge=1, le=64, description="spine switches; every rail leaf connects to each")
 
     @property
     def host_count(self) -> int:

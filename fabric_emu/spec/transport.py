@@ -14,20 +14,29 @@ class DcqcnSpec(Strict):
     defaults; `paper`, Zhu et al. 2015) and any of its parameters overridden. Times and rates are
     modelled (times run x dilation); rates in bits/s."""
 
-    preset: Literal["mlx5", "paper"] = "mlx5"
-    g: Optional[float] = Field(default=None, gt=0, le=1)
-    alpha_timer: Optional[Seconds] = Field(default=None, gt=0)
-    rate_timer: Optional[Seconds] = Field(default=None, gt=0)
-    byte_counter: Optional[Bytes] = Field(default=None, ge=0, description="0: off")
-    fast_recovery_stages: Optional[int] = Field(default=None, ge=0, le=100)
-    rate_ai: Optional[Rate] = Field(default=None, gt=0)
-    rate_hai: Optional[Rate] = Field(default=None, gt=0)
-    rate_min: Optional[Rate] = Field(default=None, gt=0)
-    min_dec_factor: Optional[float] = Field(default=None, gt=0, le=1)
-    rate_reduce_period: Optional[Seconds] = Field(default=None, ge=0)
-    initial_alpha: Optional[float] = Field(default=None, gt=0, le=1)
-    min_time_between_cnps: Optional[Seconds] = Field(default=None, ge=0)
-    cnp_pacing_per_port: Optional[bool] = None
+    preset: Literal["mlx5", "paper"] = Field(
+        default="mlx5", description="mlx5 (NVIDIA ConnectX firmware defaults) or paper (Zhu et al. 2015)")
+    g: Optional[float] = Field(default=None, gt=0, le=1, description="alpha's gain (default: the preset's)")
+    alpha_timer: Optional[Seconds] = Field(default=None, gt=0,
+                                           description="K: alpha decays once per K without a CNP")
+    rate_timer: Optional[Seconds] = Field(default=None, gt=0,
+                                          description="T: one rate-increase stage per T without a CNP")
+    byte_counter: Optional[Bytes] = Field(default=None, ge=0,
+                                          description="B: one rate-increase stage per B bytes sent (0: off)")
+    fast_recovery_stages: Optional[int] = Field(default=None, ge=0, le=100,
+                                                description="F: fast-recovery stages before additive increase")
+    rate_ai: Optional[Rate] = Field(default=None, gt=0, description="additive-increase step of the target rate")
+    rate_hai: Optional[Rate] = Field(default=None, gt=0, description="hyper-increase step of the target rate")
+    rate_min: Optional[Rate] = Field(default=None, gt=0, description="the lowest rate a cut leaves")
+    min_dec_factor: Optional[float] = Field(default=None, gt=0, le=1,
+                                            description="the largest cut of one event (0.5: halve at most)")
+    rate_reduce_period: Optional[Seconds] = Field(default=None, ge=0,
+                                                  description="the least time between two cuts (0: every CNP cuts)")
+    initial_alpha: Optional[float] = Field(default=None, gt=0, le=1, description="alpha at the first CNP")
+    min_time_between_cnps: Optional[Seconds] = Field(
+        default=None, ge=0, description="the notification point's CNP pacing: the least time between two CNPs")
+    cnp_pacing_per_port: Optional[bool] = Field(
+        default=None, description="one CNP pacer for the whole NIC (true, mlx5) or one per QP (false, paper)")
 
     def params(self) -> dict:
         """The preset's parameters with the overrides, as fabric_emu.cc.dcqcn.DcqcnParams fields."""
@@ -57,5 +66,7 @@ class TransportSpec(Strict):
 
     ack_every: int = Field(default=16, ge=1, le=1024,
                            description="in-order packets per coalesced ACK (and every message's last)")
-    retransmit_timeout: Seconds = Field(default=4.194304e-3, gt=0, le=60)
+    retransmit_timeout: Seconds = Field(default=4.194304e-3, gt=0, le=60,
+                                        description="time without an acknowledgement before the QP "
+                                                    "retransmits (default 4.096 us x 2^10)")
     retry_limit: int = Field(default=7, ge=1, le=7, description="timeouts in a row before the QP fails")

@@ -23,10 +23,12 @@ class _Collective(Strict):
     """What every collective has: S bytes (nccl-tests' size), ranks, iterations, QPs per peer."""
 
     name: Optional[JobName] = Field(default=None, description="the job's name in results (workloads lists)")
-    size: Bytes = Field(gt=0, le=100 * 10**9)
-    iterations: int = Field(default=1, ge=1, le=1000)
-    ranks: Union[Literal["all"], list[HostName]] = "all"
-    qps_per_peer: int = Field(default=1, ge=1, le=64)
+    size: Bytes = Field(gt=0, le=100 * 10**9, description="S, bytes: nccl-tests' size of the collective")
+    iterations: int = Field(default=1, ge=1, le=1000, description="times the collective runs, one after another")
+    ranks: Union[Literal["all"], list[HostName]] = Field(
+        default="all", description="'all' (every host, in host order) or host names in rank order")
+    qps_per_peer: int = Field(default=1, ge=1, le=64,
+                              description="queue pairs between two ranks that exchange data")
 
     @field_validator("ranks")
     @classmethod
@@ -35,14 +37,19 @@ class _Collective(Strict):
 
 
 class AllReduceWorkload(_Collective):
-    type: Literal["allreduce"]
-    algorithm: Literal["ring", "halving-doubling"] = "ring"
+    """All-reduce: every rank ends with the sum of every rank's S bytes."""
+
+    type: Literal["allreduce"] = Field(description="the workload's type")
+    algorithm: Literal["ring", "halving-doubling"] = Field(
+        default="ring", description="ring, or halving-doubling (a power of two ranks)")
 
 
 class CollectiveWorkload(_Collective):
     """reducescatter, allgather (ring), alltoall (every pair at once), sendrecv (to the next rank)."""
 
-    type: Literal["reducescatter", "allgather", "alltoall", "sendrecv"]
+    type: Literal["reducescatter", "allgather", "alltoall", "sendrecv"] = Field(
+        description="reducescatter and allgather: ring, n-1 steps of S/n; alltoall: S/n to every other "
+                    "rank at once; sendrecv: S to the next rank, S from the previous")
 
     @property
     def algorithm(self) -> str:
@@ -53,8 +60,9 @@ class _Passes(Strict):
     """Microbatched forward and backward passes (modelled compute times, run x dilation)."""
 
     name: Optional[JobName] = Field(default=None, description="the job's name in results (workloads lists)")
-    microbatches: int = Field(default=8, ge=1, le=256)
-    schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    microbatches: int = Field(default=8, ge=1, le=256, description="microbatches per training step")
+    schedule: Literal["gpipe", "1f1b"] = Field(
+        default="1f1b", description="gpipe (every forward, then every backward) or 1f1b (one forward, one backward)")
     forward: Seconds = Field(gt=0, le=10, description="compute per microbatch per stage, forward")
     backward: Optional[Seconds] = Field(default=None, gt=0, le=10, description="default: 2 x forward")
     activation_size: Bytes = Field(ge=0, le=10 * 10**9, description="bytes a stage sends the next, per microbatch")
@@ -68,8 +76,10 @@ class _Passes(Strict):
 class PipelineWorkload(_Passes):
     """Pipeline parallelism: stages of hosts in order; host j of a stage talks to host j of the next."""
 
-    type: Literal["pipeline"]
-    stages: list[Union[HostName, list[HostName]]] = Field(min_length=2, max_length=64)
+    type: Literal["pipeline"] = Field(description="the workload's type")
+    stages: list[Union[HostName, list[HostName]]] = Field(
+        min_length=2, max_length=64,
+        description="the stages in order, each a host or a list of hosts (the same number in every stage)")
     gradient_size: Optional[Bytes] = Field(default=None, ge=0, le=10 * 10**9,
                                            description="bytes sent back per microbatch (default: activation_size)")
 
@@ -86,11 +96,15 @@ class PipelineWorkload(_Passes):
 class TrainingWorkload(_Passes):
     """A 3D-parallel training step: tp x pp x dp ranks placed on the fabric."""
 
-    type: Literal["training"]
-    tp: int = Field(default=1, ge=1, le=64)
-    pp: int = Field(default=1, ge=1, le=64)
-    dp: int = Field(default=1, ge=1, le=256)
-    placement: Union[Literal["topology-aware", "naive"], list[HostName]] = "topology-aware"
+    type: Literal["training"] = Field(description="the workload's type")
+    tp: int = Field(default=1, ge=1, le=64, description="tensor-parallel ranks per group")
+    pp: int = Field(default=1, ge=1, le=64, description="pipeline stages")
+    dp: int = Field(default=1, ge=1, le=256, description="data-parallel replicas")
+    placement: Union[Literal["topology-aware", "naive"], list[HostName]] = Field(
+        default="topology-aware",
+        description="topology-aware (each TP group under one leaf, a replica's stages next to each other), "
+                    "naive (hosts in host order, the data-parallel index fastest), or tp x pp x dp host "
+                    "names (rank t + tp(s + pp d) on the r-th host)")
     tp_allreduce_size: Bytes = Field(default=0, ge=0, le=10 * 10**9,
                                      description="bytes of the TP all-reduce after each pass")
     dp_allreduce_size: Bytes = Field(default=0, ge=0, le=100 * 10**9,
@@ -116,13 +130,13 @@ class IncastWorkload(Strict):
     soon as its own iteration-i message has left its NIC.
     """
 
-    type: Literal["incast"]
-    receiver: HostName
+    type: Literal["incast"] = Field(description="the workload's type")
+    receiver: HostName = Field(description="the host every sender writes to")
     senders: Union[Literal["all"], list[HostName]] = Field(
         default="all", description="'all' (every host but the receiver) or a list of host names")
     size: Bytes = Field(gt=0, le=100 * 10**9, description="bytes per sender per iteration")
-    iterations: int = Field(default=1, ge=1, le=1000)
-    qps_per_sender: int = Field(default=1, ge=1, le=64)
+    iterations: int = Field(default=1, ge=1, le=1000, description="messages of `size` each sender sends")
+    qps_per_sender: int = Field(default=1, ge=1, le=64, description="queue pairs from each sender")
 
     @field_validator("senders")
     @classmethod
@@ -151,11 +165,11 @@ class IncastWorkload(Strict):
 class FlowSpec(Strict):
     """One RDMA WRITE flow: `size` bytes from src to dst over `qps` queue pairs."""
 
-    src: HostName
-    dst: HostName
+    src: HostName = Field(description="the sending host")
+    dst: HostName = Field(description="the receiving host")
     size: Optional[Bytes] = Field(default=None, gt=0, le=100 * 10**9,
                                   description="bytes (default: the workload's size)")
-    qps: int = Field(default=1, ge=1, le=64)
+    qps: int = Field(default=1, ge=1, le=64, description="queue pairs the flow's bytes are split over")
     start: Seconds = Field(default=0.0, ge=0, le=60,
                            description="modelled fabric time after the common start")
     iterations: int = Field(default=1, ge=1, le=10_000, description="times the flow sends `size`")
@@ -174,8 +188,8 @@ class FlowSpec(Strict):
 class FlowsWorkload(Strict):
     """Independent RDMA WRITE flows, each starting at its own time."""
 
-    type: Literal["flows"]
-    flows: list[FlowSpec] = Field(max_length=1024)
+    type: Literal["flows"] = Field(description="the workload's type")
+    flows: list[FlowSpec] = Field(max_length=1024, description="the flows, 1 to 1024")
     size: Optional[Bytes] = Field(default=None, gt=0, le=100 * 10**9,
                                   description="bytes of every flow that does not give its own size")
 
