@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 from versus import nic_cpu_s  # noqa: E402  (benchmarks are scripts, not a package)
 
-from fabric_emu.spec.config import read_yaml  # noqa: E402
+from fabric_emu.spec.load import read_yaml  # noqa: E402
 
 
 def as_program(tmp: Path) -> Path:

@@ -26,7 +26,7 @@ from mininet.net import Mininet
 from mininet.node import OVSSwitch
 
 from fabric_emu.state.cleanup import clean_record
-from fabric_emu.spec.config import TopologySpec
+from fabric_emu.spec.topology import TopologySpec
 from fabric_emu.fabric.build import PlanTopo
 from fabric_emu.topo.plan import FabricPlan, build_plan
 from fabric_emu.state.records import RunLock, RunRecord

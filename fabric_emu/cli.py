@@ -1,4 +1,4 @@
-"""The `fabric-emu` command: run, lab, show, sweep, compare, report, lb, top, clean."""
+"""The `fabric-emu` command: run, lab, show, sweep, compare, report, lb, top, schema, clean."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from typing import Annotated, Callable, Iterator, Optional
 import typer
 from rich.console import Console
 
-from fabric_emu.spec.config import SpecError, load_topology, read_yaml
+from fabric_emu.spec.errors import SpecError
+from fabric_emu.spec.load import load_topology, read_yaml
 from fabric_emu.run.prepare import load_checked
 from fabric_emu.topo.plan import build_plan
 from fabric_emu.results.sweep import Point, RunResult, check_overrides, check_size, grid, parse_over, parse_seeds
@@ -421,6 +422,29 @@ def top(run_id: Annotated[Optional[str], typer.Option("--run", help="the run's i
         run_top(reader.snapshot, out, interval, once, as_json, alive=record.owner_alive)
     finally:
         reader.close()
+
+
+@app.command()
+def schema(topology: Annotated[bool, typer.Option(
+               "--topology", help="the schema of topology files instead of experiment files")] = False,
+           markdown: Annotated[bool, typer.Option(
+               "--markdown", help="the spec reference of both instead (docs/spec-reference.md), as Markdown")] = False
+           ) -> None:
+    """Print the JSON Schema of experiment files (for editors), of topology files, or the spec reference."""
+    if topology and markdown:
+        err.print("error: schema: --markdown covers topology files too; leave out --topology", markup=False)
+        raise typer.Exit(EXIT_INPUT)
+    if markdown:
+        from fabric_emu.spec.reference import render
+
+        sys.stdout.write(render())
+        return
+    import json
+
+    from fabric_emu.spec.schema import experiment_schema, topology_schema
+
+    sys.stdout.write(json.dumps(topology_schema() if topology else experiment_schema(), indent=2,
+                                ensure_ascii=False) + "\n")
 
 
 @app.command()

@@ -8,7 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from fabric_emu.spec.config import CaptureSpec
+from fabric_emu.spec.events import CaptureSpec
 from fabric_emu.state.records import RunRecord
 from fabric_emu.wire.roce import ROCE_UDP_PORT
 

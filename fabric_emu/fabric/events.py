@@ -16,7 +16,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fabric_emu.spec.config import EventSpec
+from fabric_emu.spec.events import EventSpec
 
 REST_TIMEOUT_S = 10.0
 

@@ -11,7 +11,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from fabric_emu.spec.config import WORKLOAD_TYPES
+from fabric_emu.spec.workloads import WORKLOAD_TYPES
 
 
 class LabInputError(ValueError):

@@ -24,7 +24,8 @@ from rich.console import Console
 from fabric_emu.results import folder as results
 from fabric_emu.lb import spray
 from fabric_emu.state.cleanup import clean_record, clean_stale
-from fabric_emu.spec.config import ExperimentSpec, SpecError
+from fabric_emu.spec.errors import SpecError
+from fabric_emu.spec.experiment import ExperimentSpec
 from fabric_emu.lab.commands import LabInputError, LbRequest, LinkRequest, workload_overrides
 from fabric_emu.topo.plan import FabricPlan
 from fabric_emu.state.records import RunLock, RunRecord

@@ -18,7 +18,8 @@ from typing import TextIO
 from mininet.cli import CLI
 from rich.console import Console
 
-from fabric_emu.spec.config import DcqcnSpec, SpecError
+from fabric_emu.spec.errors import SpecError
+from fabric_emu.spec.transport import DcqcnSpec
 from fabric_emu.lab import commands, views
 from fabric_emu.lab.expect import ExpectError, evaluate
 from fabric_emu.lab.session import LabExit, LabSession

@@ -31,7 +31,7 @@ from pyroute2 import IPRoute
 
 from fabric_emu.measure import nic_capacity
 from fabric_emu.state.cleanup import clean_record, clean_stale
-from fabric_emu.spec.config import ExperimentSpec
+from fabric_emu.spec.experiment import ExperimentSpec
 from fabric_emu.measure.dilation import Capacity, PlannedLoad, choose_dilation, explain, planned_load
 from fabric_emu.topo.plan import FabricPlan, build_plan, roce_path_mtu
 from fabric_emu.state.records import OVS_OWNER_KEY, STATE_DIR, RunLock, RunRecord, write_atomic

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from fabric_emu.spec.config import AllReduceWorkload, ExperimentSpec
+from fabric_emu.spec.experiment import ExperimentSpec
+from fabric_emu.spec.workloads import AllReduceWorkload
 from fabric_emu.topo.plan import ETH_HEADER, ROCE_IP_OVERHEAD, FabricPlan
 
 MARGIN = 0.5

@@ -23,7 +23,8 @@ from fabric_emu.lb import spray
 from fabric_emu.nic.config import (AgentConfig, DcqcnConfig, EngineConfig, FlowConfig, FlowsConfig,
                                      ProgramChannel, ProgramConfig, ProgramOp, RankInfo, RingConfig,
                                      TransportConfig)
-from fabric_emu.spec.config import AllReduceWorkload, ExperimentSpec
+from fabric_emu.spec.experiment import ExperimentSpec
+from fabric_emu.spec.workloads import AllReduceWorkload
 from fabric_emu.topo.plan import FabricPlan
 from fabric_emu.workloads.program import Program
 from fabric_emu.state.records import RunRecord

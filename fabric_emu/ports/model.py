@@ -151,7 +151,7 @@ def port_plan(plan: FabricPlan, ecn: EcnSettings, pfc: PfcSettings) -> PortPlan:
 def default_settings(plan: FabricPlan) -> tuple[EcnSettings, PfcSettings]:
     """The spec's defaults for this plan, for callers without an experiment (benchmarks, tests)."""
     from fabric_emu.cc.headroom import headroom_bytes
-    from fabric_emu.spec.config import EcnSpec, PfcSpec, resolve_thresholds
+    from fabric_emu.spec.lossless import EcnSpec, PfcSpec, resolve_thresholds
 
     e, p = EcnSpec(), PfcSpec()
     need = headroom_bytes(plan.mtu + ETH_HEADER, max(ln.gbps for ln in plan.links), p.cable_length)

@@ -18,7 +18,8 @@ from rich.console import Console
 from rich.table import Table
 
 from fabric_emu.results import folder as results
-from fabric_emu.spec.config import SpecError, read_yaml
+from fabric_emu.spec.errors import SpecError
+from fabric_emu.spec.load import read_yaml
 from fabric_emu.results.sweep import (
     STATS, Axis, Point, RunResult, comparison_rows, grid, group_by_differences, run_rows,
 )

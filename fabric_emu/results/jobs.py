@@ -8,7 +8,8 @@ beside emulated, so they compare with link rates.
 
 from __future__ import annotations
 
-from fabric_emu.spec.config import AllReduceWorkload, ExperimentSpec
+from fabric_emu.spec.experiment import ExperimentSpec
+from fabric_emu.spec.workloads import AllReduceWorkload
 from fabric_emu.topo.plan import FabricPlan
 from fabric_emu.workloads import jobs
 from fabric_emu.workloads.collectives import allreduce_busbw

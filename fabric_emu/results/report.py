@@ -25,7 +25,8 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-from fabric_emu.spec.config import SpecError, read_yaml
+from fabric_emu.spec.errors import SpecError
+from fabric_emu.spec.load import read_yaml
 from fabric_emu.state.records import write_atomic
 from fabric_emu.results.table import summary_rows, summary_title
 

@@ -14,7 +14,8 @@ from fabric_emu.results.routing import routing_section
 from fabric_emu.results.switch import reaction_summary, switch_section
 from fabric_emu.results.transport import flows_section, transport_section
 from fabric_emu.results.trust import trust_section
-from fabric_emu.spec.config import AllReduceWorkload, ExperimentSpec
+from fabric_emu.spec.experiment import ExperimentSpec
+from fabric_emu.spec.workloads import AllReduceWorkload
 from fabric_emu.topo.plan import FabricPlan
 from fabric_emu.workloads.jobs import uses_program
 

@@ -15,7 +15,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from fabric_emu.spec.config import SpecError
+from fabric_emu.spec.errors import SpecError
 
 MAX_RUNS = 1000  # a typo like --seeds 1-100000 must not spend minutes validating
 SEEDS_HELP = "a seed like 4, a range like 1-5, a list like 1,3,7, or both: 1-3,7"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from fabric_emu.spec.config import FlowsWorkload, IncastWorkload
+from fabric_emu.spec.workloads import FlowsWorkload, IncastWorkload
 from fabric_emu.topo.plan import FabricPlan
 from fabric_emu.workloads.flows import Flow, workload_flows
 

@@ -11,7 +11,7 @@ from fabric_emu.measure.counters import PortCounters
 from fabric_emu.measure.fidelity import verdict
 from fabric_emu.ports.model import settings_of
 from fabric_emu.results.switch import daemon_warnings, lossless_warnings
-from fabric_emu.spec.config import ExperimentSpec
+from fabric_emu.spec.experiment import ExperimentSpec
 
 
 def trust_section(spec: ExperimentSpec, cpu: dict, agents: dict[str, dict], ports: list[PortCounters],

@@ -14,7 +14,7 @@ import subprocess
 import threading
 import time
 
-from fabric_emu.spec.config import BackgroundSpec
+from fabric_emu.spec.events import BackgroundSpec
 from fabric_emu.topo.plan import FabricPlan
 from fabric_emu.state.records import RunRecord
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fabric_emu.spec.config import SpecError, load_experiment
+from fabric_emu.spec.errors import SpecError
+from fabric_emu.spec.load import load_experiment
 from fabric_emu.topo.plan import build_plan, resolve_ranks
 from fabric_emu.workloads import jobs
 from fabric_emu.workloads.flows import agent_hosts, unknown_hosts, workload_flows, workload_line_rate_s
@@ -16,13 +17,19 @@ DEFAULT_TIMEOUT_BASE_S = 30.0
 
 
 def load_checked(path: Path, sets: list[str], measure: bool = False):
-    """Load an experiment and check names that need the plan (the workload's host names).
+    """Load an experiment and check names that need the plan (hosts, links, capture ports).
 
     `dilation: auto` is resolved here, from this machine's cached capacity; `measure` allows
     measuring it when there is no cache (root, about 10 s; see fabric_emu.measure.capacity)."""
     spec = load_experiment(path, sets)
     auto = spec.topology.dilation == "auto"
     plan = build_plan(spec.topology, dilation=1.0 if auto else None)
+    links = {frozenset((ln.a, ln.b)) for ln in plan.links if ln.kind == "fabric"}
+    for i, e in enumerate(spec.events):
+        if e.link is not None and frozenset(e.link.split("-")) not in links:
+            raise SpecError([(str(path), f"events.{i}.link",
+                              f"{e.link} is not a link between two switches of this fabric "
+                              f"(see fabric-emu show; as {plan.links[-1].a}-{plan.links[-1].b})")])
     w = spec.workload
     names = [h.name for h in plan.hosts]
     program = None

@@ -25,7 +25,8 @@ from fabric_emu.workloads.flows import planned_bytes, workload_line_rate_s
 from fabric_emu.run.background import Background
 from fabric_emu.fabric.capture import Captures
 from fabric_emu.state.cleanup import clean_record, clean_stale
-from fabric_emu.spec.config import ExperimentSpec, resolved_dict
+from fabric_emu.spec.experiment import ExperimentSpec
+from fabric_emu.spec.load import resolved_dict
 from fabric_emu.measure.fidelity import CpuMonitor
 from fabric_emu.live.manifest import LiveManifest
 from fabric_emu.live.publish import RunPublisher, live_ports, manifest_path

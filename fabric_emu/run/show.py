@@ -7,7 +7,8 @@ from collections import Counter
 from rich.console import Console
 from rich.table import Table
 
-from fabric_emu.spec.config import AllReduceWorkload, ExperimentSpec, IncastWorkload
+from fabric_emu.spec.experiment import ExperimentSpec
+from fabric_emu.spec.workloads import AllReduceWorkload, IncastWorkload
 from fabric_emu.workloads.jobs import build_program, placement_rows, resolve_jobs, uses_program
 from fabric_emu.topo.plan import FabricPlan
 from fabric_emu.workloads.training import bubble_fraction

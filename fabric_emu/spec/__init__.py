@@ -1,1 +1,2 @@
-"""Experiment and topology specs: the pydantic models, human units, YAML loading and --set. Pure."""
+"""Experiment and topology specs: the pydantic models (one module per concern), human units,
+YAML loading and --set (load.py). Pure."""

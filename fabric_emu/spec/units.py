@@ -1,4 +1,5 @@
-"""Parse the human units used in spec files: sizes, rates and times."""
+"""Parse the human units used in spec files: sizes, rates and times (and the strings they take,
+as JSON Schema patterns)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,19 @@ def _parse(value: object, units: dict[str, float], what: str) -> float:
     if not m or m.group("unit").lower() not in units:
         raise ValueError(what)
     return float(m.group("num")) * units[m.group("unit").lower()]
+
+
+def _json_pattern(units: dict[str, float]) -> str:
+    """The strings _parse takes, as an ECMAScript regex for JSON Schema (which has no flag for case)."""
+    def either_case(unit: str) -> str:  # the tables' keys are lower case; µ has no upper case here
+        return "".join(f"[{c}{c.upper()}]" if c.upper().lower() == c != c.upper() else c for c in unit)
+    alternatives = "|".join(either_case(u) for u in sorted(units, key=len, reverse=True) if u)
+    return rf"^\s*[0-9]+(\.[0-9]+)?\s*({alternatives})?\s*$"
+
+
+SIZE_PATTERN = _json_pattern(_SIZE_UNITS)
+RATE_PATTERN = _json_pattern(_RATE_UNITS)
+TIME_PATTERN = _json_pattern(_TIME_UNITS)
 
 
 def parse_size(value: object) -> int:

@@ -33,7 +33,7 @@ from functools import cached_property
 
 import networkx as nx
 
-from fabric_emu.spec.config import FatTreeSpec, LeafSpineSpec, RailOptimizedSpec, TopologyBase
+from fabric_emu.spec.topology import FatTreeSpec, LeafSpineSpec, RailOptimizedSpec, TopologyBase
 
 # Bytes that RoCEv2 adds around the payload inside an IP packet: IPv4 20, UDP 8, BTH 12,
 # RETH 16 (first packet of a WRITE), ICRC 4. Used to pick the RoCE path MTU (iboe_get_mtu).

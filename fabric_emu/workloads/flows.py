@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fabric_emu.workloads.collectives import ring_allreduce_line_rate_s, split_even
-from fabric_emu.spec.config import AllReduceWorkload, FlowsWorkload, IncastWorkload
+from fabric_emu.spec.workloads import AllReduceWorkload, FlowsWorkload, IncastWorkload
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fabric_emu.spec.config import (AllReduceWorkload, CollectiveWorkload, ExperimentSpec, PipelineWorkload,
-                                    TrainingWorkload)
+from fabric_emu.spec.experiment import ExperimentSpec
+from fabric_emu.spec.workloads import AllReduceWorkload, CollectiveWorkload, PipelineWorkload, TrainingWorkload
 from fabric_emu.topo.plan import FabricPlan, resolve_ranks
 from fabric_emu.workloads import collectives, training
 from fabric_emu.workloads.program import COMPUTE, Program, Times

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from statistics import mean
 
-from fabric_emu.spec.config import PipelineWorkload, TrainingWorkload
+from fabric_emu.spec.workloads import PipelineWorkload, TrainingWorkload
 from fabric_emu.workloads.collectives import Entry, Exit, ring_allreduce
 from fabric_emu.workloads.program import COMPUTE, COMPUTE_CAT, Program, Times
 

@@ -16,7 +16,7 @@ import time
 import pytest
 from scapy.layers.l2 import ARP, Ether
 
-from fabric_emu.spec.config import TopologySpec
+from fabric_emu.spec.topology import TopologySpec
 from fabric_emu.fabric.controller import ControllerProcess, start_controller
 from fabric_emu.topo.plan import FabricPlan, Switch, build_plan
 

@@ -11,7 +11,7 @@ from statistics import fmean
 import pytest
 
 from fabric_emu.run.prepare import load_checked
-from fabric_emu.spec.config import read_yaml
+from fabric_emu.spec.load import read_yaml
 from tests.integration.fabric_checks import REPO, fabric_emu, leftovers, read_csv, read_json
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from fabric_emu.run.prepare import load_checked
-from fabric_emu.spec.config import SpecError, load_experiment, load_topology
+from fabric_emu.spec.errors import SpecError
+from fabric_emu.spec.load import load_experiment, load_topology
 
 
 def problems(exc: pytest.ExceptionInfo) -> list[tuple[str, str, str]]:

@@ -14,7 +14,7 @@ from scapy.layers.l2 import ARP, Ether
 from controller.core import (ECMP_HASH_FIELDS, FabricCore, Flow, Group, LbOptions, Output, PacketOut,
                              ResetSwitch, ToController, ToGroup)
 from fabric_emu.lb import spray
-from fabric_emu.spec.config import TopologySpec
+from fabric_emu.spec.topology import TopologySpec
 from fabric_emu.topo.plan import FabricPlan, Host, build_plan
 
 

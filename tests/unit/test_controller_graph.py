@@ -12,7 +12,7 @@ import pytest
 
 from controller.core import (DEST_GROUP_BASE, ECMP_HASH_FIELDS, Conflict, FabricCore, Flow, Group, Output,
                              ResetSwitch, ToGroup, graph_routes, leaf_distances)
-from fabric_emu.spec.config import FatTreeSpec, RailOptimizedSpec
+from fabric_emu.spec.topology import FatTreeSpec, RailOptimizedSpec
 from fabric_emu.topo.plan import FabricPlan, Host, build_plan
 from tests.unit.test_controller_core import _out_ports
 

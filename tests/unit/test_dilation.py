@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from fabric_emu.measure import capacity
-from fabric_emu.spec.config import ExperimentSpec, SpecError, load_experiment
+from fabric_emu.spec.errors import SpecError
+from fabric_emu.spec.experiment import ExperimentSpec
+from fabric_emu.spec.load import load_experiment
 from fabric_emu.measure.dilation import (MAX_DILATION, Capacity, PlannedLoad, choose_dilation, explain,
                                  fair_rates, nice_numbers, planned_load, utilisation)
 from fabric_emu.topo.plan import build_plan

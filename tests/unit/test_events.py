@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from fabric_emu.spec.config import EventSpec
+from fabric_emu.spec.events import EventSpec
 from fabric_emu.fabric.events import schedule
 
 

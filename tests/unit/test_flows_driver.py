@@ -11,7 +11,7 @@ from fabric_emu.nic.config import AgentConfig, ConfigError, FlowConfig, FlowsCon
 from fabric_emu.nic.drivers.flows import FlowRunner, own_qps
 from fabric_emu.nic.qps import build_qp_table
 from fabric_emu.workloads.collectives import ring_edges
-from fabric_emu.spec.config import FlowsWorkload, IncastWorkload
+from fabric_emu.spec.workloads import FlowsWorkload, IncastWorkload
 from fabric_emu.workloads.flows import Flow, agent_hosts, flows_line_rate_s, workload_flows
 
 HOSTS = [f"h{i}" for i in range(1, 9)]

@@ -116,7 +116,7 @@ def test_loss_shows_as_rc_recovery(incast_spec):
 
 
 def test_flow_rows_have_completion_and_goodput():
-    from fabric_emu.spec.config import TopologySpec
+    from fabric_emu.spec.topology import TopologySpec
     from fabric_emu.topo.plan import build_plan
 
     plan = build_plan(TopologySpec(name="t", kind="leaf-spine", spines=1, leaves=2, hosts_per_leaf=2))

@@ -10,7 +10,8 @@ import pytest
 
 from fabric_emu.workloads import jobs
 from fabric_emu.run.prepare import DEFAULT_TIMEOUT_BASE_S, load_checked
-from fabric_emu.spec.config import SpecError, load_experiment
+from fabric_emu.spec.errors import SpecError
+from fabric_emu.spec.load import load_experiment
 from tests.unit import program_sim
 from tests.unit.test_workload_specs import REPO, fabric_emu
 

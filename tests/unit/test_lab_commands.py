@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fabric_emu.spec.config import load_experiment
+from fabric_emu.spec.load import load_experiment
 from fabric_emu.lab import commands as c
 from fabric_emu.lab.expect import ExpectError, evaluate
 from tests.conftest import REPO
@@ -32,7 +32,7 @@ def test_a_run_workload_is_validated_by_the_spec(tmp_path):
     exp = REPO / "experiments" / "quickstart.yaml"
     sets = [f"{k}={v}" for k, v in c.workload_overrides(c.parse_run(["incast", "h1", "1MB"]).workload).items()]
     assert load_experiment(exp, sets).workload.type == "incast"
-    from fabric_emu.spec.config import SpecError
+    from fabric_emu.spec.errors import SpecError
     bad = [f"{k}={v}" for k, v in c.workload_overrides(c.parse_run(["allreduce", "3XB"]).workload).items()]
     with pytest.raises(SpecError) as e:
         load_experiment(exp, bad)

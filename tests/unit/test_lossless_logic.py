@@ -11,7 +11,8 @@ import pytest
 from fabric_emu.cc.headroom import headroom_bytes, response_quanta
 from fabric_emu.cc.pfc import PauseReceiver, PauseSender, pause_seconds, pfc_frame
 from fabric_emu.cc.red import PMAX_SCALE, mark_probability, pmax_scaled
-from fabric_emu.spec.config import SpecError, load_experiment
+from fabric_emu.spec.errors import SpecError
+from fabric_emu.spec.load import load_experiment
 from fabric_emu.ports import layout
 
 C_SOURCE = Path(__file__).resolve().parents[2] / "fabric_emu" / "ports" / "bpf" / "port.c"
@@ -144,7 +145,7 @@ def test_thresholds_checks_skip_what_is_off(spec_dir: Path) -> None:
 
 # ------------------------------------------------------------------ report
 def _plan():
-    from fabric_emu.spec.config import TopologySpec
+    from fabric_emu.spec.topology import TopologySpec
     from fabric_emu.topo.plan import build_plan
 
     return build_plan(TopologySpec(name="t", kind="leaf-spine", spines=1, leaves=2, hosts_per_leaf=1,

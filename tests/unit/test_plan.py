@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from fabric_emu.spec.config import TopologySpec
+from fabric_emu.spec.topology import TopologySpec
 from fabric_emu.topo.plan import FabricPlan, build_plan, roce_path_mtu
 
 

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from fabric_emu.spec.config import (SWITCH_PORT_RE, FatTreeSpec, RailOptimizedSpec, SpecError, load_experiment,
-                               load_topology)
+from fabric_emu.run.prepare import load_checked
+from fabric_emu.spec.errors import SpecError
+from fabric_emu.spec.load import load_experiment, load_topology
+from fabric_emu.spec.topology import SWITCH_PORT_RE, FatTreeSpec, RailOptimizedSpec
 from fabric_emu.topo.plan import FabricPlan, build_plan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -187,6 +189,23 @@ def test_link_events_take_fat_tree_and_rail_links(tmp_path):
                                        " nics_per_server: 2, spines: 2}",
                                        "events: [{at: 1us, link: g2rail1-spine2, state: down}]\n"))
     assert spec.topology.host_count == 8
+
+
+@pytest.mark.parametrize("topology, link", [
+    ("{name: t, kind: fat-tree, k: 4}", "agg1-core3"),  # agg1 links core1 and core2
+    ("{name: t, kind: fat-tree, k: 4}", "edge1-agg3"),  # two pods
+    ("{name: t, kind: rail-optimized, groups: 2, servers_per_group: 2, nics_per_server: 2, spines: 2}",
+     "g1rail1-spine3"),
+])
+def test_link_events_between_unlinked_switches_are_input_errors_of_the_plan(tmp_path, topology, link):
+    """Tiers a kind links pass the spec; the plan knows which of their switches are linked."""
+    path = _experiment(tmp_path, topology, f"events: [{{at: 1us, link: {link}, state: down}}]\n")
+    load_experiment(path)
+    with pytest.raises(SpecError) as exc:
+        load_checked(path, [])
+    (f, fld, msg), = exc.value.problems
+    assert (f, fld) == (str(path), "events.0.link")
+    assert msg.startswith(f"{link} is not a link between two switches of this fabric (see fabric-emu show; as ")
 
 
 def test_set_overrides_reach_the_new_kinds():

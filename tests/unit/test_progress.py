@@ -7,7 +7,7 @@ import time
 
 from rich.console import Console
 
-from fabric_emu.spec.config import AllReduceWorkload, FlowsWorkload
+from fabric_emu.spec.workloads import AllReduceWorkload, FlowsWorkload
 from fabric_emu.run.progress import DATA_OVERHEAD, RunProgress, payload_estimate, progress_text
 from fabric_emu.workloads.flows import planned_bytes
 

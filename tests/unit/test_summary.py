@@ -30,7 +30,7 @@ def test_nccl_tests_bandwidths_in_both_worlds():
 
 
 def test_ecmp_load_counts_queue_pairs_per_leaf_uplink():
-    from fabric_emu.spec.config import TopologySpec
+    from fabric_emu.spec.topology import TopologySpec
     from fabric_emu.topo.plan import build_plan
     from fabric_emu.results.transport import ecmp_load
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fabric_emu.results.compare import Comparison, load_comparison, read_sweep, write_sweep
-from fabric_emu.spec.config import SpecError
+from fabric_emu.spec.errors import SpecError
 from fabric_emu.results.sweep import (
     Axis, Point, RunResult, check_overrides, check_size, comparison_rows, describe, grid,
     group_by_differences, parse_over, parse_seeds, run_rows, split_values,

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from fabric_emu.run.prepare import DEFAULT_TIMEOUT_BASE_S, load_checked
-from fabric_emu.spec.config import SpecError, load_experiment
+from fabric_emu.spec.errors import SpecError
+from fabric_emu.spec.load import load_experiment
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,0 +1,79 @@
+"""What happens around the workload: timed events, lossy background traffic, packet capture."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Optional
+
+from pydantic import Field, field_validator, model_validator
+
+from fabric_emu.spec.errors import problem_at
+from fabric_emu.spec.fields import HostName, Seconds, Strict
+from fabric_emu.spec.lb import IMPLEMENTED_LB
+from fabric_emu.spec.topology import SWITCH_NAME, SWITCH_PORT_RE
+
+
+class CaptureSpec(Strict):
+    """Record RoCEv2 packets seen on switch ports into the results folder (pcap files)."""
+
+    ports: list[Annotated[str, Field(pattern=SWITCH_PORT_RE)]] = Field(
+        min_length=1, max_length=16, description="switch ports to record, as spine1-eth2 (1 to 16)")
+    packets: int = Field(default=200, ge=1, le=100_000, description="packets recorded per port")
+    snaplen: int = Field(default=0, ge=0, le=65535, description="bytes kept per packet; 0 = all")
+
+
+class EventSpec(Strict):
+    """Something that happens during the run, at a modelled time from the start of traffic
+    (x dilation on the wall clock): a change of load-balancing mode, or a fabric link going
+    down or coming back (`link: leaf1-spine2`, `state: down|up`), or changing its rate
+    (`gbps: 25`)."""
+
+    at: Seconds = Field(ge=0, le=3600, description="modelled time from the start of traffic")
+    load_balancing: Optional[Literal["ecmp", "dlb", "spray"]] = Field(
+        default=None, description="the load-balancing mode to change to (instead of link)")
+    link: Optional[str] = Field(default=None, pattern=rf"^{SWITCH_NAME}-{SWITCH_NAME}$",
+                                description="a link between two switches, as leaf1-spine2")
+    state: Optional[Literal["up", "down"]] = Field(
+        default=None, description="the link goes down (both ends) or comes back up (with link)")
+    gbps: Optional[float] = Field(default=None, gt=0, le=1600, description="the link's new modelled rate")
+
+    @field_validator("load_balancing")
+    @classmethod
+    def _lb_implemented(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and v not in IMPLEMENTED_LB:
+            raise ValueError(f"'{v}' is not implemented yet (allowed: {', '.join(IMPLEMENTED_LB)})")
+        return v
+
+    @model_validator(mode="after")
+    def _one_thing(self):
+        if (self.load_balancing is None) == (self.link is None):
+            raise ValueError("an event takes either load_balancing or link (with state)")
+        if self.link is not None and (self.state is None) == (self.gbps is None):
+            raise ValueError("a link event takes link and either state (up or down) or gbps")
+        if self.link is None and (self.state is not None or self.gbps is not None):
+            raise ValueError("state and gbps go with link")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return "load_balancing" if self.load_balancing is not None else "link"
+
+
+class BackgroundSpec(Strict):
+    """Lossy background traffic (iperf3, default class) from src to dst during the jobs."""
+
+    src: HostName = Field(description="the sending host")
+    dst: HostName = Field(description="the receiving host")
+    protocol: Literal["tcp", "udp"] = Field(default="tcp", description="iperf3 over tcp or udp")
+    gbps: Optional[float] = Field(default=None, gt=0, le=1600,
+                                  description="modelled rate (udp: required; tcp: a cap, default none)")
+    start: Seconds = Field(default=0.0, ge=0, le=60, description="modelled time after the jobs start")
+    duration: Optional[Seconds] = Field(default=None, gt=0, le=60,
+                                        description="modelled time (default: until the jobs end)")
+
+    @model_validator(mode="after")
+    def _sane(self):
+        if self.src == self.dst:
+            raise problem_at("BackgroundSpec", ("dst",), f"is the same host as src ({self.src})", self.dst)
+        if self.protocol == "udp" and self.gbps is None:
+            raise problem_at("BackgroundSpec", ("gbps",), "udp needs a rate (modelled Gb/s)", None)
+        return self
