@@ -4,8 +4,8 @@
 #                             vSwitch, os-ken; marked `root`) and the benchmarks' smoke modes.
 #                             CI runs this (.ci/run).
 #   scripts/test.sh --quick   unit tests plus the `smoke`-marked integration tests: one real
-#                             quickstart run judged on its measurements. About 2-3 minutes on
-#                             a 2-core machine that is already set up.
+#                             quickstart run judged on its measurements. About a minute on a
+#                             2-core machine already set up (48 s measured, setup included).
 set -euo pipefail
 # Root is needed (Mininet, Open vSwitch); re-run through sudo when it exists.
 if [ "$(id -u)" -ne 0 ]; then
