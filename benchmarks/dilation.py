@@ -3,7 +3,7 @@
 Lower dilation = faster emulated links = more packets per second for OVS and the agents. The
 baseline is the largest dilation, measured in the same run: a busbw fraction that falls below
 it, rising CPU use or fidelity warnings mark where the machine, not the fabric, limits results.
-  sudo .venv/bin/python benchmarks/dilation.py [--dilations 4000,2000,1000,500,250]
+  sudo .venv/bin/python benchmarks/dilation.py [--dilations 4000,2000,1000,500,250] [--size 16MB] [--smoke]
 """
 
 from __future__ import annotations
@@ -30,7 +30,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dilations", default="4000,2000,1000,500,250")
     ap.add_argument("--size", default="16MB")
+    ap.add_argument("--smoke", action="store_true", help="tiny settings, seconds: shows it still works")
     args = ap.parse_args()
+    if args.smoke:  # tiny settings, where not given explicitly
+        ap.set_defaults(dilations="4000,2000", size="1MB")
+        args = ap.parse_args()
     dilations = sorted((float(d) for d in args.dilations.split(",")), reverse=True)
     with tempfile.TemporaryDirectory(prefix="fabric-emu-bench-") as tmp:
         rows = [(d, run(d, Path(tmp), args.size)) for d in dilations]

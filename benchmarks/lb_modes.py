@@ -6,7 +6,7 @@ mean completion time over the seeds, its cut against ECMP's, and its ratio to on
 an uplink (the collision-free time: the fastest flow of the ECMP runs). Ratios, measured in the
 same sweep.
 
-Run as root:  .venv/bin/python benchmarks/lb_modes.py [--seeds 5]
+Run as root:  .venv/bin/python benchmarks/lb_modes.py [--seeds 5] [--smoke]
 """
 
 from __future__ import annotations
@@ -24,7 +24,11 @@ REPO = Path(__file__).resolve().parents[1]
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--smoke", action="store_true", help="tiny settings, seconds: shows it still works")
     args = ap.parse_args()
+    if args.smoke:  # tiny settings, where not given explicitly
+        ap.set_defaults(seeds=1)
+        args = ap.parse_args()
     with tempfile.TemporaryDirectory() as out:
         subprocess.run([sys.executable, "-m", "fabric_emu", "sweep", "experiments/ecmp-collision.yaml",
                         "--over", "load_balancing=ecmp,spray,dlb", "--seeds", f"1-{args.seeds}",

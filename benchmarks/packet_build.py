@@ -5,7 +5,7 @@ precomputed, as the NIC caches it) with QpPackets.packet (prebuilt template, inc
 by table lookups). No sockets; the best of several repeats is printed, since this machine is
 shared and noisy.
 
-Run:  .venv/bin/python benchmarks/packet_build.py [--packets 200000] [--repeats 5]
+Run:  .venv/bin/python benchmarks/packet_build.py [--packets 200000] [--repeats 5] [--smoke]
 """
 
 from __future__ import annotations
@@ -52,7 +52,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--packets", type=int, default=200_000)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--smoke", action="store_true", help="tiny settings, seconds: shows it still works")
     args = ap.parse_args()
+    if args.smoke:  # tiny settings, where not given explicitly
+        ap.set_defaults(packets=2000, repeats=1)
+        args = ap.parse_args()
 
     cases = [("MIDDLE", roce.RC_RDMA_WRITE_MIDDLE, MTU),
              ("FIRST+RETH", roce.RC_RDMA_WRITE_FIRST, MTU),

@@ -13,7 +13,7 @@ A paced UDP sender in one host sends RoCE-class frames (DSCP 26, ECT(0), 4 KB) w
 link rate, so no queue builds and every packet takes the same path in both modes; CPU is read
 from /proc/stat (whole machine) and from ovs-vswitchd's own counters over the same window.
 
-  .venv/bin/python benchmarks/port_path.py [--rounds 3] [--seconds 4] [--pps 3000]
+  .venv/bin/python benchmarks/port_path.py [--rounds 3] [--seconds 4] [--pps 3000] [--smoke]
 """
 
 from __future__ import annotations
@@ -205,7 +205,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--pps", type=int, default=3000)
+    ap.add_argument("--smoke", action="store_true", help="tiny settings, seconds: shows it still works")
     args = ap.parse_args()
+    if args.smoke:  # tiny settings, where not given explicitly
+        ap.set_defaults(rounds=1, seconds=1.0)
+        args = ap.parse_args()
     bench = Bench()
     results: dict[str, list[dict]] = {"fifo": [], "ports": []}
     try:

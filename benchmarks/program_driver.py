@@ -6,7 +6,7 @@ posted at a time) and once as a one-job `workloads` list, which the NIC engines 
 Program (fabric_emu.nic.drivers.program: every op with its dependencies). Prints busbw and the NIC
 engines' CPU per data packet for both, and their ratio: what the general driver costs.
 
-Run as root:  .venv/bin/python benchmarks/program_driver.py [--rounds 2]
+Run as root:  .venv/bin/python benchmarks/program_driver.py [--rounds 2] [--size 8MB] [--smoke]
 """
 
 from __future__ import annotations
@@ -26,12 +26,17 @@ from versus import nic_cpu_s  # noqa: E402  (benchmarks are scripts, not a packa
 from fabric_emu.spec.load import read_yaml  # noqa: E402
 
 
-def as_program(tmp: Path) -> Path:
-    """experiments/quickstart.yaml with its workload as the only job of a workloads list."""
+def quickstart(folder: Path, size: str | None, program: bool) -> Path:
+    """experiments/quickstart.yaml with the all-reduce of `size` (None: its own), as its
+    workload or (`program`) as the only job of a workloads list."""
     spec = read_yaml(REPO / "experiments/quickstart.yaml")
     spec["topology"] = str(REPO / "topologies" / Path(spec["topology"]).name)
-    spec["workloads"] = [{**spec.pop("workload"), "name": "ring"}]
-    path = tmp / "quickstart.yaml"
+    if size:
+        spec["workload"]["size"] = size
+    if program:
+        spec["workloads"] = [{**spec.pop("workload"), "name": "ring"}]
+    folder.mkdir()
+    path = folder / "quickstart.yaml"
     path.write_text(json.dumps(spec))  # JSON is YAML
     return path
 
@@ -51,14 +56,20 @@ def run(experiment: Path, out: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--size", help="all-reduce size (default: the quickstart's)")
+    ap.add_argument("--smoke", action="store_true", help="tiny settings, seconds: shows it still works")
     args = ap.parse_args()
+    if args.smoke:  # tiny settings, where not given explicitly
+        ap.set_defaults(rounds=1, size="1MB")
+        args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: it builds fabrics")
     results: dict[str, list[dict]] = {"ring driver": [], "program": []}
     with tempfile.TemporaryDirectory() as tmp:
-        program = as_program(Path(tmp))
+        ring = quickstart(Path(tmp) / "ring", args.size, program=False)
+        program = quickstart(Path(tmp) / "program", args.size, program=True)
         for i in range(args.rounds):
-            results["ring driver"].append(run(REPO / "experiments/quickstart.yaml", Path(tmp) / f"ring-{i}"))
+            results["ring driver"].append(run(ring, Path(tmp) / f"ring-{i}"))
             results["program"].append(run(program, Path(tmp) / f"program-{i}"))
     print(f"quickstart ring all-reduce, {args.rounds} round(s) each")
     mean = {}

@@ -6,7 +6,7 @@ dilation auto chose, the fabric's bring-up time and, against it (measured in the
 how long the NICs of all hosts took to be ready and how much memory they use per host; the
 bus bandwidth fraction; and whether the fidelity check trusts the run.
 
-Run as root:  .venv/bin/python benchmarks/scale.py [--spines 4 --leaves 8 --hosts-per-leaf 4]
+Run as root:  .venv/bin/python benchmarks/scale.py [--spines 4 --leaves 8 --hosts-per-leaf 4] [--smoke]
               .venv/bin/python benchmarks/scale.py --spines 4 --leaves 16 --hosts-per-leaf 8
 """
 
@@ -37,7 +37,11 @@ def main() -> None:
     ap.add_argument("--leaves", type=int, default=8)
     ap.add_argument("--hosts-per-leaf", type=int, default=4)
     ap.add_argument("--chunk-kb", type=int, default=256, help="ring chunk per step (size = hosts x chunk)")
+    ap.add_argument("--smoke", action="store_true", help="tiny settings, seconds: shows it still works")
     args = ap.parse_args()
+    if args.smoke:  # tiny settings, where not given explicitly
+        ap.set_defaults(spines=2, leaves=2, hosts_per_leaf=2, chunk_kb=64)
+        args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: it builds a fabric")
     hosts = args.leaves * args.hosts_per_leaf

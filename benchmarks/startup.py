@@ -8,7 +8,7 @@ L2 switches cannot make hosts reachable without a controller or STP: the baselin
 "bridges and links up", which flatters it.
 
 Runs both alternately (default 3 rounds) and prints medians and ratios. Needs root.
-  sudo .venv/bin/python benchmarks/startup.py [--rounds N] [--spines 4 --leaves 8 --hosts 4]
+  sudo .venv/bin/python benchmarks/startup.py [--rounds N] [--spines 4 --leaves 8 --hosts 4] [--smoke]
 """
 
 from __future__ import annotations
@@ -71,7 +71,11 @@ def main() -> int:
     ap.add_argument("--spines", type=int, default=4)
     ap.add_argument("--leaves", type=int, default=8)
     ap.add_argument("--hosts", type=int, default=4)
+    ap.add_argument("--smoke", action="store_true", help="tiny settings, seconds: shows it still works")
     args = ap.parse_args()
+    if args.smoke:  # tiny settings, where not given explicitly
+        ap.set_defaults(rounds=1, spines=2, leaves=2, hosts=1)
+        args = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root", file=sys.stderr)
         return 1

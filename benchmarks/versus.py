@@ -10,7 +10,8 @@ times. Per side it prints the bus bandwidth fraction and two costs per packet:
 * NICs: CPU seconds of the host agents (earlier revisions: each agent's cpu_s) or NIC engines
   (engine.cpu_s, once per engine) per data packet sent.
 
-Run as root:  .venv/bin/python benchmarks/versus.py [--rev f6b04f0] [--rounds 2]
+Run as root:  .venv/bin/python benchmarks/versus.py [--rev f6b04f0] [--rounds 2] [--size 8MB] [--smoke]
+(--smoke: HEAD against HEAD, one small round.)
 """
 
 from __future__ import annotations
@@ -48,10 +49,11 @@ def nic_cpu_s(run_dir: Path) -> tuple[float, int]:
     return cpu + sum(engines.values()), packets
 
 
-def run(src: Path, out: Path) -> dict:
+def run(src: Path, out: Path, size: str | None) -> dict:
     before = ovs_cpu_s()
+    sets = ["--set", f"workload.size={size}"] if size else []
     subprocess.run([sys.executable, "-m", "fabric_emu", "run", str(src / "experiments/quickstart.yaml"),
-                    "--out", str(out)], cwd=src, capture_output=True, text=True)
+                    "--out", str(out), *sets], cwd=src, capture_output=True, text=True)
     ovs = ovs_cpu_s() - before
     (run_dir,) = (out / "quickstart").iterdir()
     s = json.loads((run_dir / "summary.json").read_text())
@@ -64,7 +66,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rev", default="f6b04f0", help="the earlier revision (git)")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--size", help="all-reduce size (default: the quickstart's)")
+    ap.add_argument("--smoke", action="store_true", help="tiny settings, seconds: shows it still works")
     args = ap.parse_args()
+    if args.smoke:  # tiny settings, where not given explicitly
+        ap.set_defaults(rev="HEAD", rounds=1, size="1MB")
+        args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: it builds fabrics")
     with tempfile.TemporaryDirectory() as tmp:
@@ -76,8 +83,8 @@ def main() -> None:
             tar.extractall(old)
         results = {"earlier": [], "this tree": []}
         for i in range(args.rounds):
-            results["earlier"].append(run(old, Path(tmp) / f"old-{i}"))
-            results["this tree"].append(run(REPO, Path(tmp) / f"new-{i}"))
+            results["earlier"].append(run(old, Path(tmp) / f"old-{i}", args.size))
+            results["this tree"].append(run(REPO, Path(tmp) / f"new-{i}", args.size))
     print(f"quickstart, {args.rounds} round(s) each, earlier = {args.rev}")
     mean = {}
     for name, rows in results.items():

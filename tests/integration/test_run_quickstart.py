@@ -11,7 +11,8 @@ import pytest
 from fabric_emu.run.prepare import load_checked
 from tests.integration.fabric_checks import REPO, fabric_emu, leftovers, only_run_dir, read_csv, read_json
 
-pytestmark = [pytest.mark.root, pytest.mark.slow]
+# smoke: the one real run in `scripts/test.sh --quick`; every test here checks that same run.
+pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.smoke]
 
 QUICKSTART = REPO / "experiments" / "quickstart.yaml"
 # h2 -> h3 and h4 -> h5 cross leaf2's uplinks; capture both spines' ports to leaf2.

@@ -1,0 +1,37 @@
+"""The benchmarks that build fabrics or namespaces still run: each one's smoke mode (tiny
+settings) exits 0 and prints its ratio lines, the figures measured against a baseline in the
+same run. Numbers are not judged: one tiny round on a shared machine says nothing."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.conftest import run_benchmark
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+NUMBER = r"\d+\.\d+"
+# benchmark: (lines its output must have, as regular expressions; seconds it may take)
+EXPECTED: dict[str, tuple[list[str], float]] = {
+    "port_path": ([rf"machine_us_per_pkt: .* ratio ports/fifo = {NUMBER}$",
+                   rf"ovs_us_per_pkt: .* ratio ports/fifo = {NUMBER}$"], 120),
+    "nic_cpu": ([rf"foundation / engine CPU per packet: {NUMBER}x$"], 300),
+    "startup": ([rf"^ratio +{NUMBER} +{NUMBER}$"], 300),
+    "scale": ([r"status ok$", rf"NICs ready: .*\({NUMBER}x the bring-up\)"], 300),
+    "dilation": ([rf"^ +2000 +50\.0 +ok +{NUMBER} +{NUMBER} "], 300),
+    "lb_modes": ([rf"^  {mode} +mean .* cut vs ECMP .* vs alone {NUMBER}x  ok 1/1"
+                  for mode in ("ecmp", "spray", "dlb")], 400),
+    "program_driver": ([rf"ratio program/ring driver: NIC per packet {NUMBER}$"], 300),
+    "versus": ([rf"ratios this/earlier: OVS per packet {NUMBER}, NIC per packet {NUMBER}$"], 300),
+}
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_smoke_mode_prints_its_ratios(name: str):
+    lines, timeout_s = EXPECTED[name]
+    done = run_benchmark(name, timeout_s)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for line in lines:
+        assert re.search(line, done.stdout, re.M), f"no line matching {line!r} in:\n{done.stdout}"
