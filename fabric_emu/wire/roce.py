@@ -1,6 +1,6 @@
 """RoCEv2 wire format (IPv4/UDP 4791/BTH/[RETH|AETH]/payload/pad/ICRC), pure and socket-free.
 
-The host agent hands UDP payloads to a kernel UDP socket, so this module builds everything
+The NIC engine hands UDP payloads to a kernel UDP socket, so this module builds everything
 above UDP and computes the ICRC over the IPv4/UDP headers the kernel *will* write:
 version/IHL 0x45, DF, protocol 17, UDP checksum 0 (SO_NO_CHECK) and an IP identification
 (default 0). TOS, TTL, the IP header checksum, the UDP checksum and the BTH F/B/reserved bits
