@@ -3,8 +3,7 @@ dilation, MTU and port buffers, and the switch names every kind uses."""
 
 from __future__ import annotations
 
-import re
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BeforeValidator, Discriminator, Field, Tag, WithJsonSchema, field_validator
 
@@ -52,8 +51,6 @@ class TopologyBase(Strict):
     mtu: int = Field(default=4200, ge=1280, le=9000, description="Ethernet MTU of every link")
     port_buffer: Bytes = Field(default=1_000_000, ge=10_000, le=1_000_000_000,
                                description="egress buffer per switch port, bytes")
-    # The pairs of switch tiers a fabric link joins (fabric_emu.topo.plan wires them).
-    linked_tiers: ClassVar[tuple[tuple[str, str], ...]]
 
 
 TOPOLOGY_KINDS = ("leaf-spine", "fat-tree", "rail-optimized")
@@ -65,7 +62,6 @@ class LeafSpineSpec(TopologyBase):
     """Two tiers: every leaf connects to every spine (the default kind)."""
 
     kind: Literal["leaf-spine"] = Field(description=KIND_HELP)
-    linked_tiers: ClassVar[tuple[tuple[str, str], ...]] = (("leaf", "spine"),)
     spines: int = Field(ge=1, le=64, description="spine switches (spine1..spineS); every leaf connects to each")
     leaves: int = Field(ge=1, le=200, description="leaf switches (leaf1..leafL)")
     hosts_per_leaf: int = Field(ge=1, le=200, description="hosts under each leaf (h1..hN, numbered leaf by leaf)")
@@ -89,7 +85,6 @@ class FatTreeSpec(TopologyBase):
     aggregation and k/2 edge switches; k/2 hosts per edge switch, k^3/4 hosts."""
 
     kind: Literal["fat-tree"] = Field(description=KIND_HELP)
-    linked_tiers: ClassVar[tuple[tuple[str, str], ...]] = (("edge", "agg"), ("agg", "core"))
     # At most 12: the port datapath maps up to 4095 link ends (k=12 has 2,592, k=14 4,116).
     k: int = Field(ge=4, le=12, description="switch radix: an even number from 4 to 12")
 
@@ -110,7 +105,6 @@ class RailOptimizedSpec(TopologyBase):
     group's rail leaf n; every rail leaf connects to every spine."""
 
     kind: Literal["rail-optimized"] = Field(description=KIND_HELP)
-    linked_tiers: ClassVar[tuple[tuple[str, str], ...]] = (("rail", "spine"),)
     groups: int = Field(ge=1, le=16, description="server groups (each with its own rail leaves)")
     servers_per_group: int = Field(ge=1, le=64, description="servers in each group")
     nics_per_server: int = Field(ge=1, le=8, description="NICs per server = rail leaves per group")
@@ -141,8 +135,3 @@ Topology = Annotated[
 # rail-optimized gGrailR (group G's leaf of rail R).
 SWITCH_NAME = r"(?:(?:spine|leaf|core|agg|edge)[1-9][0-9]{0,3}|g[1-9][0-9]?rail[1-9])"
 SWITCH_PORT_RE = rf"^{SWITCH_NAME}-eth[0-9]{{1,3}}$"
-
-
-def switch_tier(name: str) -> str:
-    """The tier of a switch name: spine, leaf, core, agg, edge, or rail (gGrailR)."""
-    return "rail" if re.fullmatch(r"g[0-9]+rail[0-9]+", name) else name.rstrip("0123456789")
