@@ -15,6 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from smoke import parse_args  # benchmarks/smoke.py (benchmarks are scripts, not a package)
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -30,11 +32,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dilations", default="4000,2000,1000,500,250")
     ap.add_argument("--size", default="16MB")
-    ap.add_argument("--smoke", action="store_true", help="tiny settings, seconds: shows it still works")
-    args = ap.parse_args()
-    if args.smoke:  # tiny settings, where not given explicitly
-        ap.set_defaults(dilations="4000,2000", size="1MB")
-        args = ap.parse_args()
+    args = parse_args(ap, dilations="4000,2000", size="1MB")
     dilations = sorted((float(d) for d in args.dilations.split(",")), reverse=True)
     with tempfile.TemporaryDirectory(prefix="fabric-emu-bench-") as tmp:
         rows = [(d, run(d, Path(tmp), args.size)) for d in dilations]

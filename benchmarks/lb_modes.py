@@ -18,17 +18,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+from smoke import parse_args  # benchmarks/smoke.py (benchmarks are scripts, not a package)
+
 REPO = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--smoke", action="store_true", help="tiny settings, seconds: shows it still works")
-    args = ap.parse_args()
-    if args.smoke:  # tiny settings, where not given explicitly
-        ap.set_defaults(seeds=1)
-        args = ap.parse_args()
+    args = parse_args(ap, seeds=1)
     with tempfile.TemporaryDirectory() as out:
         subprocess.run([sys.executable, "-m", "fabric_emu", "sweep", "experiments/ecmp-collision.yaml",
                         "--over", "load_balancing=ecmp,spray,dlb", "--seeds", f"1-{args.seeds}",

@@ -30,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from smoke import parse_args  # benchmarks/smoke.py (benchmarks are scripts, not a package)
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the tests' namespace helpers
@@ -140,11 +141,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rate-mbps", type=float, default=40.0, help="emulated line rate of both hosts")
     ap.add_argument("--size", default="24MB", help="all-reduce size: each host sends this much")
-    ap.add_argument("--smoke", action="store_true", help="tiny settings, seconds: shows it still works")
-    args = ap.parse_args()
-    if args.smoke:  # tiny settings, where not given explicitly
-        ap.set_defaults(size="4MB")  # fewer and the engine's CPU time can read 0
-        args = ap.parse_args()
+    args = parse_args(ap, size="4MB")  # fewer and the engine's CPU time can read 0
     if os.geteuid() != 0:
         sys.exit("run as root: it creates network namespaces")
     rate, size = args.rate_mbps * 1e6, parse_size(args.size)

@@ -16,6 +16,8 @@ from collections.abc import Callable
 
 from fabric_emu.wire import roce
 
+from smoke import parse_args  # benchmarks/smoke.py (benchmarks are scripts, not a package)
+
 SRC, DST, SPORT, QPN = "10.99.0.1", "10.99.0.2", 0xC123, 0x123456
 MTU = 4096
 
@@ -52,11 +54,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--packets", type=int, default=200_000)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--smoke", action="store_true", help="tiny settings, seconds: shows it still works")
-    args = ap.parse_args()
-    if args.smoke:  # tiny settings, where not given explicitly
-        ap.set_defaults(packets=2000, repeats=1)
-        args = ap.parse_args()
+    args = parse_args(ap, packets=2000, repeats=1)
 
     cases = [("MIDDLE", roce.RC_RDMA_WRITE_MIDDLE, MTU),
              ("FIRST+RETH", roce.RC_RDMA_WRITE_FIRST, MTU),

@@ -38,6 +38,8 @@ from fabric_emu.ports.model import PortEnd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' namespace helpers
 from tests.integration.netns_pair import bring_up, run_in_netns  # noqa: E402
 
+from smoke import parse_args  # noqa: E402  (benchmarks/smoke.py: scripts, not a package)
+
 TAG = f"fepb{os.getpid() % 10000}"
 BRIDGE = f"{TAG}br"
 RATE, MTU, BUFFER = 400e6, 4200, 1_000_000
@@ -205,11 +207,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--pps", type=int, default=3000)
-    ap.add_argument("--smoke", action="store_true", help="tiny settings, seconds: shows it still works")
-    args = ap.parse_args()
-    if args.smoke:  # tiny settings, where not given explicitly
-        ap.set_defaults(rounds=1, seconds=1.0)
-        args = ap.parse_args()
+    args = parse_args(ap, rounds=1, seconds=1.0)
     bench = Bench()
     results: dict[str, list[dict]] = {"fifo": [], "ports": []}
     try:

@@ -19,6 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from smoke import parse_args  # benchmarks/smoke.py (benchmarks are scripts, not a package)
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 from versus import nic_cpu_s  # noqa: E402  (benchmarks are scripts, not a package)
@@ -57,11 +59,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--size", help="all-reduce size (default: the quickstart's)")
-    ap.add_argument("--smoke", action="store_true", help="tiny settings, seconds: shows it still works")
-    args = ap.parse_args()
-    if args.smoke:  # tiny settings, where not given explicitly
-        ap.set_defaults(rounds=1, size="1MB")
-        args = ap.parse_args()
+    args = parse_args(ap, rounds=1, size="1MB")
     if os.geteuid() != 0:
         sys.exit("run as root: it builds fabrics")
     results: dict[str, list[dict]] = {"ring driver": [], "program": []}

@@ -20,6 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from smoke import parse_args  # benchmarks/smoke.py (benchmarks are scripts, not a package)
+
 REPO = Path(__file__).resolve().parents[1]
 
 SPEC = """\
@@ -37,11 +39,7 @@ def main() -> None:
     ap.add_argument("--leaves", type=int, default=8)
     ap.add_argument("--hosts-per-leaf", type=int, default=4)
     ap.add_argument("--chunk-kb", type=int, default=256, help="ring chunk per step (size = hosts x chunk)")
-    ap.add_argument("--smoke", action="store_true", help="tiny settings, seconds: shows it still works")
-    args = ap.parse_args()
-    if args.smoke:  # tiny settings, where not given explicitly
-        ap.set_defaults(spines=2, leaves=2, hosts_per_leaf=2, chunk_kb=64)
-        args = ap.parse_args()
+    args = parse_args(ap, spines=2, leaves=2, hosts_per_leaf=2, chunk_kb=64)
     if os.geteuid() != 0:
         sys.exit("run as root: it builds a fabric")
     hosts = args.leaves * args.hosts_per_leaf

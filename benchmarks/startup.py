@@ -32,6 +32,8 @@ from fabric_emu.topo.plan import FabricPlan, build_plan
 from fabric_emu.state.records import RunLock, RunRecord
 from fabric_emu.fabric.routed import RoutedFabric
 
+from smoke import parse_args  # benchmarks/smoke.py (benchmarks are scripts, not a package)
+
 
 def fabric_emu_round(plan: FabricPlan) -> tuple[float, float]:
     """Bring-up and teardown exactly as `fabric-emu run` does them (RoutedFabric)."""
@@ -71,11 +73,7 @@ def main() -> int:
     ap.add_argument("--spines", type=int, default=4)
     ap.add_argument("--leaves", type=int, default=8)
     ap.add_argument("--hosts", type=int, default=4)
-    ap.add_argument("--smoke", action="store_true", help="tiny settings, seconds: shows it still works")
-    args = ap.parse_args()
-    if args.smoke:  # tiny settings, where not given explicitly
-        ap.set_defaults(rounds=1, spines=2, leaves=2, hosts=1)
-        args = ap.parse_args()
+    args = parse_args(ap, rounds=1, spines=2, leaves=2, hosts=1)
     if os.geteuid() != 0:
         print("needs root", file=sys.stderr)
         return 1

@@ -26,6 +26,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from smoke import parse_args  # benchmarks/smoke.py (benchmarks are scripts, not a package)
+
 REPO = Path(__file__).resolve().parents[1]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -67,11 +69,7 @@ def main() -> None:
     ap.add_argument("--rev", default="f6b04f0", help="the earlier revision (git)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--size", help="all-reduce size (default: the quickstart's)")
-    ap.add_argument("--smoke", action="store_true", help="tiny settings, seconds: shows it still works")
-    args = ap.parse_args()
-    if args.smoke:  # tiny settings, where not given explicitly
-        ap.set_defaults(rev="HEAD", rounds=1, size="1MB")
-        args = ap.parse_args()
+    args = parse_args(ap, rev="HEAD", rounds=1, size="1MB")
     if os.geteuid() != 0:
         sys.exit("run as root: it builds fabrics")
     with tempfile.TemporaryDirectory() as tmp:
