@@ -24,11 +24,16 @@ against the JSON Schema of `fabric-emu schema` (experiments) and `fabric-emu sch
 """
 
 
+def _decimal(v: float) -> str:
+    """A float without exponent or trailing zeros (1e-06 -> 0.000001)."""
+    return f"{v:.12f}".rstrip("0").rstrip(".")
+
+
 def _number(v: Any) -> str:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return str(v)
     if isinstance(v, float) and not v.is_integer():
-        return f"{v:.12f}".rstrip("0")
+        return _decimal(v)
     return f"{int(v):,}" if abs(v) >= 10_000 else str(int(v))
 
 
@@ -120,7 +125,7 @@ def _yaml(v: Any) -> str:
     if isinstance(v, bool):
         return str(v).lower()
     if isinstance(v, float):
-        return f"{v:.12f}".rstrip("0").rstrip(".")
+        return _decimal(v)
     if isinstance(v, dict):
         return "{" + ", ".join(f"{k}: {_yaml(x)}" for k, x in v.items()) + "}"
     if isinstance(v, list):
