@@ -170,17 +170,3 @@ def _acyclic(p: Program) -> bool:
                 ready.append(u)
     return seen == len(p.ops)
 
-
-def merge(programs: list[Program]) -> Program:
-    """Several jobs' programs as one (their channels and ops side by side)."""
-    out = Program()
-    for p in programs:
-        chan_map = [out.channel(c.job, c.stream, c.src, c.dst, c.qps) for c in p.channels]
-        base = len(out.ops)
-        for o in p.ops:
-            c = chan_map[o.channel] if o.channel >= 0 else -1
-            out.ops.append(Op(base + o.id, o.host, o.kind, o.job, o.cat, o.step,
-                              [base + d for d in o.deps], c, o.seq, o.nbytes, o.seconds))
-        for c_old, c_new in enumerate(chan_map):
-            out._sent[c_new] += p._sent[c_old]
-    return out
