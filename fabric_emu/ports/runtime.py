@@ -112,6 +112,17 @@ class LosslessPorts:
             self.maps = None
         return stats
 
+    def reset_high_water(self) -> None:
+        """Zero every port's high-water marks (deepest queue, most lossless bytes held), so they
+        count from now: a lab's runs share one fabric, and a mark left by the run before would be
+        read as this run's (counters are differenced; a maximum cannot be)."""
+        assert self.maps is not None
+        t = self.maps.table
+        for e in self.ports.ends:
+            for p in range(NPRIO):
+                t.set(e.id, "max_queue", 0, p)
+                t.set(e.id, "max_held", 0, p)
+
     def counters(self) -> dict[str, dict[str, int]]:
         """Every port's BPF and daemon counters, by interface name."""
         assert self.maps is not None

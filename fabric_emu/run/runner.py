@@ -241,6 +241,7 @@ class Runner:
 
         alone = self._jobs_alone(record, workdir) if len(self.spec.workloads) > 1 and self.spec.jobs_alone else {}
         lossless = self.routed.ports
+        lossless.reset_high_water()  # this run's deepest queues only, also in a lab's later runs
         port_before = lossless.counters()
         before = counters.snapshot(self.plan, port_before)
         self.live.traffic_started(before)
