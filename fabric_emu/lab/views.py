@@ -38,8 +38,11 @@ def print_ports(out: Console, snap: Snapshot, switch: str | None) -> None:
     since = {"done": "of the last run", "traffic": "of the run going on",
              "setup": "since the fabric was built"}[snap.phase]
     t = Table(title=f"switch ports, counters {since}", title_justify="left")
-    for col in ("port", "peer", "link", "tx MB", "tx pkts", "drops", "ECN marked", "pause tx", "pause rx",
-                "paused us"):
+    # Named from the port's side: it sends pauses to its peer (a NIC, when the peer is a host),
+    # receives them from it, and is held (its egress paused) by the peer's.
+    t.caption = "PFC: pauses this port sent to its peer / received from it; us its own egress was held paused"
+    for col in ("port", "peer", "link", "tx MB", "tx pkts", "drops", "ECN marked", "pauses to peer",
+                "pauses from peer", "held paused us"):
         t.add_column(col, justify="left" if col in ("port", "peer", "link") else "right")
     for p in snap.ports:
         if switch and p.switch != switch:
@@ -65,7 +68,7 @@ def print_queues(out: Console, last_run: Path | None, thresholds: list[dict]) ->
     rows = read_csv_rows(last_run / "ports.csv")
     busy = [r for r in rows if int(float(r.get("max_backlog_bytes") or 0)) > 0]
     t = Table(title=f"queues of the last run ({last_run.name}): ports that queued", title_justify="left")
-    for col in ("port", "peer", "max queue KB", "ECN marked", "drops", "pause tx", "pause rx"):
+    for col in ("port", "peer", "max queue KB", "ECN marked", "drops", "pauses to peer", "pauses from peer"):
         t.add_column(col, justify="left" if col in ("port", "peer") else "right")
     for r in sorted(busy, key=lambda r: -float(r["max_backlog_bytes"])):
         marked = sum(int(float(r.get(f"ecn_marked_p{p}") or 0)) for p in (0, 3, 6))

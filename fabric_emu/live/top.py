@@ -47,7 +47,7 @@ def render(prev: Snapshot | None, cur: Snapshot, max_ports: int | None = None) -
     ports = Table(title="switch ports" + ("" if cur.baseline else " (counting from port creation)"),
                   title_justify="left", expand=False)
     for col in ("switch", "port", "peer", "tx Gb/s", "util", "rx Gb/s", "tx bytes", "drops",
-                "RoCE queue", "ECN marks", "PFC", "pause tx/rx"):
+                "RoCE queue", "ECN marks", "PFC", "pauses to/from peer"):
         ports.add_column(col, justify="left" if col in ("switch", "peer", "PFC") else "right")
     shown = cur.ports
     if max_ports is not None:  # the busiest first when they do not all fit
@@ -69,8 +69,10 @@ def render(prev: Snapshot | None, cur: Snapshot, max_ports: int | None = None) -
         qps.add_row(q.host, f"{q.qpn:#x}", q.dst, str(q.udp_src), f"{qp_gbps(q, cur.dilation):.1f}", limit,
                     _fmt_bytes(q.frame_bytes), f"{q.cnp_received:,}", f"{q.ecn_ce:,}", f"{q.retransmitted:,}")
     tot = totals(cur)
+    to_nics = sum(p.get("pause_tx_p3") for p in cur.ports if p.kind == "host")  # what the NICs received
     foot = Text(f"fabric: {tot['tx_bytes']:,} bytes sent by switch ports, {tot['drops']:,} drops, "
-                f"{tot['ecn_marked']:,} ECN marks, {tot['pause_tx_p3']:,} pauses sent", style="dim")
+                f"{tot['ecn_marked']:,} ECN marks, {tot['pause_tx_p3']:,} PFC pauses sent by switch ports"
+                f" ({to_nics:,} of them to NICs)", style="dim")
     notes = [Text(n, style="yellow") for n in cur.notes]
     return Group(header(cur), ports, qps, foot, *notes)
 

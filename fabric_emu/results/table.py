@@ -88,9 +88,7 @@ def summary_rows(s: dict) -> list[Row]:
         sw = s["switch"]
         if "ecn_marked" in sw:
             add("ECN-marked packets", f"{sw['ecn_marked']:,}", "")
-            add("PFC pause frames sent / received", f"{sw['pause_tx']:,} / {sw['pause_rx']:,}", "")
-            add("time paused (all ports)", f"{sw['paused_fabric_us']:,.1f} us",
-                f"{sw['paused_fabric_us'] * s['dilation'] / 1e6:.3f} s")
+            rows += _pause_rows(sw, s.get("nic"), s["dilation"])
             add("lossless-class drops", f"{sw['lossless_drops']:,}", "")
             if sw.get("headroom_overruns"):  # only when fabric-emu paused late: see the fidelity warning
                 add("frames past the PFC headroom (late pauses)", f"{sw['headroom_overruns']:,}", "")
@@ -112,6 +110,24 @@ def summary_rows(s: dict) -> list[Row]:
         add(f"busiest thread: {th['label']} ({th['thread']})",
             f"{th['busy_mean']:.0%} / {th['busy_max']:.0%} of a core", "")
     return rows
+
+
+def _pause_rows(sw: dict, nic: dict | None, dilation: float) -> list[Row]:
+    """PFC from both sides of each link: the frames switch ports sent go to the NICs or to other
+    switches, so "sent" and "received by switch ports" differ whenever the NICs were paused, and
+    the time paused of each side is its own row (a sum over ports, or over NICs)."""
+    def both(switches: float, nics: float | None, fmt: str) -> str:
+        return f"{switches:{fmt}} / " + ("?" if nics is None else f"{nics:{fmt}}")
+
+    nic = nic or {}  # older summaries have no NIC side
+    nic_us = nic.get("paused_fabric_us")
+    return [
+        ("PFC pause frames sent by switch ports", f"{sw['pause_tx']:,}", ""),
+        ("PFC pause frames received: switch ports / NICs", both(sw["pause_rx"], nic.get("pause_rx"), ","), ""),
+        ("time paused, summed: switch ports / NICs", both(sw["paused_fabric_us"], nic_us, ",.1f") + " us",
+         both(sw["paused_fabric_us"] * dilation / 1e6, None if nic_us is None else nic_us * dilation / 1e6, ".3f")
+         + " s"),
+    ]
 
 
 def print_summary(out: Console, s: dict, run_dir: Path) -> None:

@@ -185,3 +185,12 @@ def test_the_dashboard_asks_only_for_metrics_the_exporter_serves():
     dash = (Path(__file__).resolve().parents[2] / "docs" / "grafana" / "fabric-emu.json").read_text()
     asked = set(re.findall(r"fabric_emu_[a-z_]+", dash)) - {"fabric_emu"}
     assert asked and asked <= served, asked - served
+
+
+def test_top_says_how_many_of_the_pauses_went_to_nics():
+    cur = snap(101.0, 0)
+    cur.ports.append(PortSample("leaf1", 1, "leaf1-eth1", "h1", "host", 100.0,
+                                {**cur.ports[0].counters, "pause_tx_p3": 7}, {3: 0}, {3: False}))
+    console = Console(width=300, record=True, file=open("/dev/null", "w"))
+    console.print(render(None, cur))
+    assert "11 PFC pauses sent by switch ports (7 of them to NICs)" in console.export_text()

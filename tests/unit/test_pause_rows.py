@@ -1,0 +1,33 @@
+"""The summary's PFC rows, read as a student reads them (issue 21): when the switches paused the
+NICs, the table once said "PFC pause frames sent / received: 39 / 0" and "time paused (all
+ports): 0.0 us", which reads as 39 pauses that paused nothing."""
+
+from __future__ import annotations
+
+from fabric_emu.results.table import summary_rows
+
+SWITCH = {"tx_packets": 1000, "drops": 0, "ecn_marked": 5, "pause_tx": 39, "pause_rx": 0,
+          "paused_fabric_us": 0.0, "lossless_drops": 0, "headroom_overruns": 0}
+NIC = {"pause_rx": 39, "paused_fabric_us": 812.5, "nics_paused": 3}
+
+
+def rows_of(summary: dict) -> dict[str, tuple[str, str]]:
+    return {metric: (modelled, emulated) for metric, modelled, emulated in summary_rows(summary)}
+
+
+def test_pauses_the_switches_sent_to_nics_show_on_the_nics_side():
+    rows = rows_of({"status": "ok", "workload": "flows", "dilation": 4000, "switch": SWITCH, "nic": NIC})
+    assert rows["PFC pause frames sent by switch ports"][0] == "39"
+    # Every frame sent was received by someone: here, all by the NICs.
+    assert rows["PFC pause frames received: switch ports / NICs"][0] == "0 / 39"
+    # The time paused is the NICs', not the switch ports'; each side has its own figure.
+    modelled, emulated = rows["time paused, summed: switch ports / NICs"]
+    assert modelled == "0.0 / 812.5 us"
+    assert emulated == "0.000 / 3.250 s"  # 812.5 us x 4000
+    assert not any("all ports" in m for m in rows)
+
+
+def test_a_summary_without_the_nics_side_says_it_is_unknown():
+    rows = rows_of({"status": "ok", "workload": "flows", "dilation": 4000, "switch": SWITCH})
+    assert rows["PFC pause frames received: switch ports / NICs"][0] == "0 / ?"
+    assert rows["time paused, summed: switch ports / NICs"][0] == "0.0 / ? us"
