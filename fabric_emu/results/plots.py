@@ -25,6 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from fabric_emu.spec.units import parse_size  # noqa: E402
+from fabric_emu.results.transport import arrival_curve  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -188,10 +189,16 @@ def plot_pauses(run_dir: Path, out: Path) -> bool:
     return True
 
 
-def plot_flow_rates(run_dir: Path, out: Path) -> bool:
-    """Receive rate of each queue pair over time, from the receivers' rx_series."""
+def flow_rate_steps(run_dir: Path) -> tuple[list[tuple[str, list[float], list[float]]], float | None, int]:
+    """What flow_rates.png draws: for the busiest queue pairs, (label, x in fabric us since the
+    first flow started, mean receive rate in modelled Gb/s over the interval ending at x); the
+    host link rate; how many queue pairs there were. Rates come from each receiver's rx_series
+    through arrival_curve, so a batch the engine read late is spread back over the time the
+    link needed to carry it and no step exceeds the link rate."""
     summary = _json(run_dir / "summary.json")
     dilation = _num(summary.get("dilation")) or 1.0
+    link = _num(summary.get("host_link_gbps"))
+    link_bytes_per_s = link * 1e9 / 8 / dilation if link else 0.0  # emulated bytes per second
     flows: list[tuple[str, list[tuple[float, float]]]] = []
     for path in sorted((run_dir / "agents").glob("*.json"), key=lambda p: _natural(p.name)):
         agent = _json(path)
@@ -206,26 +213,37 @@ def plot_flow_rates(run_dir: Path, out: Path) -> bool:
                         pts.append((t, b))
             if len(pts) >= 2:
                 qpn = q.get("remote_qpn", q.get("qpn", "?"))  # the sender's, as in flows.csv
-                flows.append((f"{q.get('src', '?')}\u2192{path.stem} qp{qpn}", sorted(pts)))
+                flows.append((f"{q.get('src', '?')}\u2192{path.stem} qp{qpn}",
+                              arrival_curve(sorted(pts), link_bytes_per_s)))
     if not flows:
-        return False
+        return [], link, 0
     t0 = min(pts[0][0] for _, pts in flows)
     flows.sort(key=lambda f: -(f[1][-1][1] - f[1][0][1]))
-    shown = flows[:MAX_FLOWS]
-    fig, ax = plt.subplots(figsize=(12, 5))
-    for label, pts in shown:
-        xs, ys = [], []
+    steps = []
+    for label, pts in flows[:MAX_FLOWS]:
+        xs, ys = [(pts[0][0] - t0) / dilation * 1e6], []
         for (ta, ba), (tb, bb) in zip(pts, pts[1:]):
             if tb > ta:
                 xs.append((tb - t0) / dilation * 1e6)
                 ys.append((bb - ba) * 8 / (tb - ta) * dilation / 1e9)
-        if xs:
-            # Each value is the mean rate over the interval that ends at its x.
-            ax.plot([(pts[0][0] - t0) / dilation * 1e6, *xs], [ys[0], *ys], drawstyle="steps-pre",
-                    label=label, linewidth=1)
-    more = f" (the {len(shown)} busiest of {len(flows)})" if len(flows) > len(shown) else ""
-    _finish_rates(fig, ax, out, _num(summary.get("host_link_gbps")), "host link",
-                  f"Receive rate per queue pair{more}", "fabric time since the first flow started (\u00b5s)")
+        if ys:
+            steps.append((label, xs, [ys[0], *ys]))  # the first x repeats the first rate (steps-pre)
+    return steps, link, len(flows)
+
+
+def plot_flow_rates(run_dir: Path, out: Path) -> bool:
+    """Receive rate of each queue pair over time, from the receivers' rx_series."""
+    steps, link, n = flow_rate_steps(run_dir)
+    if not steps:
+        return False
+    fig, ax = plt.subplots(figsize=(12, 5))
+    for label, xs, ys in steps:
+        # Each value is the mean rate over the interval that ends at its x.
+        ax.plot(xs, ys, drawstyle="steps-pre", label=label, linewidth=1)
+    more = f" (the {len(steps)} busiest of {n})" if n > len(steps) else ""
+    _finish_rates(fig, ax, out, link, "host link",
+                  f"Receive rate per queue pair{more}; bytes read late spread back at no more than the link rate",
+                  "fabric time since the first flow started (\u00b5s)")
     return True
 
 

@@ -130,6 +130,30 @@ def rate_rows(agents: dict[str, dict], dilation: float) -> list[dict]:
     return rows
 
 
+def arrival_curve(points: list[tuple[float, float]], link_bytes_per_s: float) -> list[tuple[float, float]]:
+    """A receive QP's bytes over time as the link delivered them, from its rx_series.
+
+    An engine reads its socket in batches and stamps each batch when it reads it, so bytes that
+    waited while it was off a CPU show up at once: a rate far above the link's. They crossed the
+    link earlier, at most at the link's rate. The curve returned is the least one at or above
+    what was read (nothing is read before it arrived) that never rises faster than the link:
+    A(t_i) = max over j >= i of B(t_j) - L (t_j - t_i). Every byte is kept, at its own time or
+    earlier; a point is added in front when bytes must have arrived before the first read.
+    points: (time, bytes read by then), sorted by time, in any one time unit that
+    link_bytes_per_s is per."""
+    if not points or link_bytes_per_s <= 0:
+        return list(points)
+    out = [points[-1]]
+    for t, b in reversed(points[:-1]):  # backwards: A_i = max(B_i, A_(i+1) - L (t_(i+1) - t_i))
+        t_next, a_next = out[-1]
+        out.append((t, max(b, a_next - link_bytes_per_s * (t_next - t))))
+    out.reverse()
+    (t0, a0), b0 = out[0], points[0][1]
+    if a0 > b0:  # the first batch read held bytes that arrived before it: they started earlier
+        out.insert(0, (t0 - (a0 - b0) / link_bytes_per_s, b0))
+    return out
+
+
 def goodput_gbps(nbytes: int, seconds: float, dilation: float) -> float:
     """Payload rate in modelled Gb/s of nbytes delivered in `seconds` of emulated time."""
     return nbytes * 8 / seconds * dilation / 1e9
