@@ -122,9 +122,9 @@ def _pause_rows(sw: dict, nic: dict | None, dilation: float) -> list[Row]:
     nic = nic or {}  # older summaries have no NIC side
     nic_us = nic.get("paused_fabric_us")
     return [
-        ("PFC pause frames sent by switch ports", f"{sw['pause_tx']:,}", ""),
-        ("PFC pause frames received: switch ports / NICs", both(sw["pause_rx"], nic.get("pause_rx"), ","), ""),
-        ("time paused, summed: switch ports / NICs", both(sw["paused_fabric_us"], nic_us, ",.1f") + " us",
+        ("PFC pauses sent by switches", f"{sw['pause_tx']:,}", ""),
+        ("PFC pauses received: switches / NICs", both(sw["pause_rx"], nic.get("pause_rx"), ","), ""),
+        ("time paused (sum): switches / NICs", both(sw["paused_fabric_us"], nic_us, ",.1f") + " us",
          both(sw["paused_fabric_us"] * dilation / 1e6, None if nic_us is None else nic_us * dilation / 1e6, ".3f")
          + " s"),
     ]

@@ -17,11 +17,11 @@ def rows_of(summary: dict) -> dict[str, tuple[str, str]]:
 
 def test_pauses_the_switches_sent_to_nics_show_on_the_nics_side():
     rows = rows_of({"status": "ok", "workload": "flows", "dilation": 4000, "switch": SWITCH, "nic": NIC})
-    assert rows["PFC pause frames sent by switch ports"][0] == "39"
+    assert rows["PFC pauses sent by switches"][0] == "39"
     # Every frame sent was received by someone: here, all by the NICs.
-    assert rows["PFC pause frames received: switch ports / NICs"][0] == "0 / 39"
+    assert rows["PFC pauses received: switches / NICs"][0] == "0 / 39"
     # The time paused is the NICs', not the switch ports'; each side has its own figure.
-    modelled, emulated = rows["time paused, summed: switch ports / NICs"]
+    modelled, emulated = rows["time paused (sum): switches / NICs"]
     assert modelled == "0.0 / 812.5 us"
     assert emulated == "0.000 / 3.250 s"  # 812.5 us x 4000
     assert not any("all ports" in m for m in rows)
@@ -29,5 +29,5 @@ def test_pauses_the_switches_sent_to_nics_show_on_the_nics_side():
 
 def test_a_summary_without_the_nics_side_says_it_is_unknown():
     rows = rows_of({"status": "ok", "workload": "flows", "dilation": 4000, "switch": SWITCH})
-    assert rows["PFC pause frames received: switch ports / NICs"][0] == "0 / ?"
-    assert rows["time paused, summed: switch ports / NICs"][0] == "0.0 / ? us"
+    assert rows["PFC pauses received: switches / NICs"][0] == "0 / ?"
+    assert rows["time paused (sum): switches / NICs"][0] == "0.0 / ? us"
