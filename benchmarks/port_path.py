@@ -121,8 +121,7 @@ class Bench:
                 if mode == "fifo":
                     shaping.shape_egress(ifname, RATE, BUFFER, MTU, ns, pool=pool)
                 else:
-                    queues.shape_classes(queues.PortQueues(ifname, RATE, MTU, {0: BUFFER, 3: BUFFER, 6: BUFFER}, ns),
-                                         pool=pool)
+                    queues.shape_classes(queues.PortQueues(ifname, RATE, MTU, {0: BUFFER, 3: BUFFER, 6: BUFFER}, ns))
         if mode == "fifo":
             for a, b in ((1, 2), (2, 1)):
                 sh("ovs-ofctl", "-O", "OpenFlow15", "add-flow", BRIDGE, f"in_port={a},actions=output:{b}")

@@ -160,12 +160,9 @@ class Fabric:
                 raise RuntimeError(f"preparing {h.name}'s interface failed: {out.splitlines()[0]}")
 
     def _shape_links(self) -> None:
-        with queues.IPRoutePool() as pool:
-            for end in self.ports.ends:
-                limits = self.ports.settings(end).fifo_limits
-                queues.shape_classes(queues.PortQueues(end.intf, end.emulated_bps, self.plan.mtu, limits,
-                                                       self.netns_of(end.node),
-                                                       qp_classes=end.role != "switch"), pool=pool)
+        queues.shape_all(queues.PortQueues(end.intf, end.emulated_bps, self.plan.mtu,
+                                           self.ports.settings(end).fifo_limits, self.netns_of(end.node),
+                                           qp_classes=end.role != "switch") for end in self.ports.ends)
 
     def netns_by_node(self) -> dict[str, str | None]:
         return {end.node: self.netns_of(end.node) for end in self.ports.ends}

@@ -236,7 +236,7 @@ def socket_budget(setup: NicSetup, rate_bps: float) -> tuple[int, float]:
 
 def open_sockets(setup: NicSetup, send_ports: list[int], ifname: str) -> HostSockets:
     """Open a host's sockets; call inside the host's namespace (a thread that did setns)."""
-    from fabric_emu.ports.queues import netlink_socket
+    from fabric_emu.kernel.rtnl import netlink_socket
 
     sndbuf = socket_budget(setup, setup.rate_bps)[0]
     if setup.spray_entropies:

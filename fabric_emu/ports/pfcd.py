@@ -34,7 +34,7 @@ from pathlib import Path
 from pyroute2 import netns as pr_netns
 
 from fabric_emu.cc.pfc import RECONCILE_S, PauseReceiver, PauseSender, REFRESH_FRACTION, pause_seconds, pfc_frame
-from fabric_emu.kernel import bpfsys
+from fabric_emu.kernel import bpfsys, rtnl
 from fabric_emu.ports import queues
 from fabric_emu.ports.datapath import PortMaps
 from fabric_emu.ports.layout import EV_PFC_RX, EV_XOFF, EV_XON, NO_PORT, Event
@@ -136,7 +136,7 @@ class Daemon:
         # One socket of each kind per namespace, not per port: closing a packet socket waits
         # for an RCU grace period (~20 ms), which made a 128-port daemon take 4 s to exit.
         namespaces = {p.netns for p in cfg.ports}
-        self.netlink = {ns: queues.netlink_socket(ns) for ns in namespaces}
+        self.netlink = {ns: rtnl.netlink_socket(ns) for ns in namespaces}
         self.kick = {ns: _socket_in(ns, bypass=False) for ns in namespaces}
         self.tx = _socket_in(None, bypass=True)  # PFC frames: switch ports are in the root namespace
         with IPRoutePool() as pool:

@@ -20,7 +20,9 @@ import pytest
 from fabric_emu.wire import roce
 from fabric_emu.ports import datapath, queues
 from fabric_emu.ports.model import NIC_QUEUE_FRAMES, PortEnd
-from fabric_emu.ports.qp_limiter import QP_MAJOR, QpLimiter, link_index, qp_class, qp_mark
+from fabric_emu.kernel import rtnl
+from fabric_emu.kernel.rtnl import link_index
+from fabric_emu.ports.qp_limiter import QP_MAJOR, QpLimiter, qp_class, qp_mark
 from fabric_emu.kernel.shaping import IPRoutePool
 from tests.integration.netns_pair import Pair, udp_socket, veth_pair
 
@@ -144,7 +146,7 @@ def nic() -> Iterator[Nic]:
                                                tx_ns, qp_classes=True))
         pins = datapath.load(run_id)
         maps = datapath.PortMaps(pins)
-        nl = queues.netlink_socket(tx_ns)
+        nl = rtnl.netlink_socket(tx_ns)
         rx_sock = udp_socket(pair.rx_ns)
         rx_sock.bind((RX_IP, PORT))
         rx = Receiver(rx_sock)

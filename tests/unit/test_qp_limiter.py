@@ -9,6 +9,7 @@ import struct
 import pytest
 from pyroute2.netlink.rtnl.tcmsg import tcmsg
 
+from fabric_emu.kernel import rtnl
 from fabric_emu.ports import qp_limiter as ql
 
 
@@ -32,15 +33,15 @@ class FakeNetlink:
         request = self.sent[-1]
         seq = struct.unpack_from("=I", request, 8)[0]
         body = struct.pack("=i", -self.error) + request[:16]  # capped: the request's header only
-        flags = ql.NLM_F_CAPPED
+        flags = rtnl.NLM_F_CAPPED
         if self.message:
             text = self.message.encode() + b"\0"
-            body += ql._attr(ql.NLMSGERR_ATTR_MSG, text)
-            flags |= ql.NLM_F_ACK_TLVS
+            body += rtnl.attr(rtnl.NLMSGERR_ATTR_MSG, text)
+            flags |= rtnl.NLM_F_ACK_TLVS
         if self._stale_first:
             self._stale_first = False
-            return ql._HEADER.pack(36, ql.NLMSG_ERROR, 0, seq + 1000, 0) + struct.pack("=i", -errno.EIO) + bytes(16)
-        return ql._HEADER.pack(16 + len(body), ql.NLMSG_ERROR, flags, seq, 0) + body
+            return rtnl.HEADER.pack(36, rtnl.NLMSG_ERROR, 0, seq + 1000, 0) + struct.pack("=i", -errno.EIO) + bytes(16)
+        return rtnl.HEADER.pack(16 + len(body), rtnl.NLMSG_ERROR, flags, seq, 0) + body
 
 
 def decoded(raw: bytes) -> tcmsg:
@@ -62,10 +63,10 @@ def test_class_message_decodes_as_the_htb_class_we_mean() -> None:
     limiter = ql.QpLimiter(nl, 7, 1500)
     limiter.add(3, 16e6)
     limiter.set_rate(3, 80e9)  # 10 GB/s: beyond the u32 byte rate
-    for raw, flags, rate in ((nl.sent[0], ql.NLM_F_CREATE, 2_000_000), (nl.sent[-1], 0, 10**10)):
+    for raw, flags, rate in ((nl.sent[0], rtnl.NLM_F_CREATE, 2_000_000), (nl.sent[-1], 0, 10**10)):
         msg = decoded(raw)
-        assert msg["header"]["type"] == ql.RTM_NEWTCLASS
-        assert msg["header"]["flags"] == ql.NLM_F_REQUEST | ql.NLM_F_ACK | flags
+        assert msg["header"]["type"] == rtnl.RTM_NEWTCLASS
+        assert msg["header"]["flags"] == rtnl.NLM_F_REQUEST | rtnl.NLM_F_ACK | flags
         assert (msg["index"], msg["handle"], msg["parent"]) == (7, 0x300103, ql.QP_MAJOR)
         assert msg.get_attr("TCA_KIND") == "htb"
         options = msg.get_attr("TCA_OPTIONS")
@@ -73,8 +74,8 @@ def test_class_message_decodes_as_the_htb_class_we_mean() -> None:
         assert parms["rate"] == parms["ceil"] == min(rate, 2**32 - 1)
         assert options.get_attr("TCA_HTB_RATE64") == options.get_attr("TCA_HTB_CEIL64") == rate
         assert parms["quantum"] == 1514 and parms["prio"] == 0 and parms["level"] == 0
-        assert parms["buffer"] == parms["cbuffer"] == ql.psched_ticks(2 * 1514 / rate)
-        assert struct.unpack_from("=B", raw, 36 + 8 + 8 + 1)[0] == ql.TC_LINKLAYER_ETHERNET
+        assert parms["buffer"] == parms["cbuffer"] == rtnl.psched_ticks(2 * 1514 / rate)
+        assert struct.unpack_from("=B", raw, 36 + 8 + 8 + 1)[0] == rtnl.TC_LINKLAYER_ETHERNET
 
 
 def test_the_kernels_refusal_names_interface_class_and_reason() -> None:
@@ -89,7 +90,7 @@ def test_qdisc_message_asks_for_a_direct_queue_and_no_default_class() -> None:
     nl = FakeNetlink()
     ql.install(nl, 9, 0x130001, direct_qlen=500)
     msg = decoded(nl.sent[-1])
-    assert msg["header"]["type"] == ql.RTM_NEWQDISC
+    assert msg["header"]["type"] == rtnl.RTM_NEWQDISC
     assert (msg["index"], msg["handle"], msg["parent"]) == (9, ql.QP_MAJOR, 0x130001)
     options = msg.get_attr("TCA_OPTIONS")
     assert options.get_attr("TCA_HTB_INIT")["defcls"] == 0
