@@ -10,6 +10,7 @@ HTB their agents put rate classes in (fabric_emu.ports.qp_limiter).
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 from pathlib import Path
 
@@ -18,7 +19,8 @@ from mininet.node import Host, OVSSwitch, RemoteController
 from mininet.topo import Topo
 from pyroute2 import IPRoute
 
-from fabric_emu.kernel import rps
+from fabric_emu.kernel import rps, rtnl
+from fabric_emu.kernel.rtnl import Batch
 from fabric_emu.topo.plan import FabricPlan
 from fabric_emu.ports import queues
 from fabric_emu.ports.model import PortPlan
@@ -129,8 +131,7 @@ class Fabric:
                            waitConnected=False)
         self.net.addController(LaunchedController("c0", ip="127.0.0.1", port=self.controller_port))
         self.net.build()
-        for h in self.net.hosts:
-            self.record.add_process(h.pid, f"host-shell {h.name}")
+        self.record.add_processes([(h.pid, f"host-shell {h.name}") for h in self.net.hosts])
         self._prepare_interfaces()
 
     def start(self) -> None:
@@ -144,14 +145,21 @@ class Fabric:
         userspace datapath forwards partially checksummed packets unfixed), and receive packet
         steering everywhere (fabric_emu.kernel.rps: a flow must not be reordered by the emulator)."""
         mask = rps.all_cpus_mask()
-        with IPRoute() as ipr:
+        sock = rtnl.netlink_socket()
+        try:
+            mtu = Batch()
             for ifname in switch_interfaces(self.plan):
                 Path(f"/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6").write_text("1")
                 rps.steer(ifname, mask)
-                ipr.link("set", index=ipr.link_lookup(ifname=ifname)[0], mtu=self.plan.mtu)
+                mtu.add(rtnl.RTM_NEWLINK, rtnl.CHANGE, rtnl.mtu_change(socket.if_nametoindex(ifname), self.plan.mtu),
+                        f"{ifname}: MTU {self.plan.mtu} not set")
+            mtu.send(sock)
+        finally:
+            sock.close()
         for h in self.net.hosts:  # all hosts at once: each shell runs its own command
             intf = self.plan.host_by_name[h.name].intf
-            h.sendCmd(f"sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1;"
+            # /proc/sys/net shows the namespace of whoever opens it: the host shell's own
+            h.sendCmd("for c in all default; do echo 1 > /proc/sys/net/ipv6/conf/$c/disable_ipv6; done;"
                       f" ip link set dev {intf} mtu {self.plan.mtu}; ethtool -K {intf} tx off >/dev/null;"
                       f" {rps.host_shell_command(intf, mask)}")
         for h in self.net.hosts:  # each command is silent when it works

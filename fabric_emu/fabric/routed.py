@@ -45,10 +45,11 @@ class RoutedFabric:
         self.record.add_process(self.ctrl.pid, "controller")  # saves the record
         self.fabric = Fabric(self.plan, self.record, self.ctrl.port, self.port_plan)
         self.fabric.build()
+        self.ports = LosslessPorts(self.port_plan, self.record, self.workdir)
+        self.ports.launch(self.fabric.netns_by_node())  # the PFC daemon boots while the switches start
         self.ctrl.wait_listening()
         self.fabric.start()
-        self.ports = LosslessPorts(self.port_plan, self.record, self.workdir)
-        self.ports.start(self.fabric.netns_by_node())
+        self.ports.start()
         if not self.ctrl.wait_ready(ready_timeout_s):
             raise RuntimeError(f"the controller did not program all switches within {ready_timeout_s:.0f}s")
         if self.lb_mode == "dlb":

@@ -14,14 +14,17 @@ import subprocess
 import struct
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fabric_emu.kernel.compiled import build_cached
 from fabric_emu.kernel import bpfsys
 from fabric_emu.ports.layout import NPRIO, PER_PRIO_COUNTERS, PORT_COUNTERS, PortTable
-from fabric_emu.ports.model import PortEnd
 from fabric_emu.ports.qp_limiter import QP_MAJOR
 from fabric_emu.kernel import rtnl
 from fabric_emu.kernel.rtnl import Batch
+
+if TYPE_CHECKING:  # only for types: the PFC daemon imports this module and starts faster without the plan
+    from fabric_emu.ports.model import PortEnd
 
 SOURCE = Path(__file__).with_name("bpf") / "port.c"
 CACHE = Path("/var/lib/fabric-emu/bpf")

@@ -1,8 +1,9 @@
 """The lossless ports of one running fabric: BPF programs, maps and the PFC daemon, up and down.
 
-Order (RoutedFabric.up): the class trees exist (Fabric.start), then load + attach + configure,
-then the daemon; down: the daemon first (it writes its pause log), then the interfaces go with
-the fabric and the pinned maps with the run record's paths.
+Order (RoutedFabric.up): once the interfaces exist (Fabric.build), launch() loads the programs
+and starts the daemon; once the class trees exist (Fabric.start), start() configures and
+attaches the programs and waits for the daemon; down: the daemon first (it writes its pause
+log), then the interfaces go with the fabric and the pinned maps with the run record's paths.
 """
 
 from __future__ import annotations
@@ -35,21 +36,30 @@ class LosslessPorts:
         self.stats_path = workdir / "pfcd-stats.json"
         self.netns_of: dict[str, str | None] = {}
 
-    def start(self, netns_of: dict[str, str | None]) -> None:
-        """Install the programs on every link end and start the PFC daemon."""
+    def launch(self, netns_of: dict[str, str | None]) -> None:
+        """Load the programs (maps pinned for this run) and start the PFC daemon, without
+        waiting for it: it boots (~0.2 s of imports) while the switches start and the classes
+        are built. It needs only the maps and the interfaces; no port pauses before start()."""
         self.netns_of = netns_of
         self.record.paths.append(str(self.pins))  # before anything is pinned: kill -9 safe
         self.record.save()
         datapath.load(self.record.run_id)
         self.maps = datapath.PortMaps(self.pins)
+        self._spawn_daemon()
+
+    def start(self) -> None:
+        """Configure and attach the programs on every link end (their class trees built), then
+        wait for the daemon launch() started."""
+        assert self.maps is not None, "launch() first"
         for end in self.ports.ends:
             if end.role == "switch":
                 datapath.configure(self.maps, end.id, bpf_config(self.ports.switch))
-        datapath.attach(self.pins, self.ports.ends, netns_of, self.maps)
-        self._start_daemon(netns_of)
+        datapath.attach(self.pins, self.ports.ends, self.netns_of, self.maps)
+        self._wait_daemon()
 
-    def _start_daemon(self, netns_of: dict[str, str | None]) -> None:
+    def _spawn_daemon(self) -> None:
         pfc = self.ports.switch.pfc
+        netns_of = self.netns_of
         cfg = Config(pins=str(self.pins), dilation=self.ports.dilation,
                      quanta=pfc.quanta if pfc else 0xFFFF, stats_path=str(self.stats_path), ports=[
                          DaemonPort(e.id, e.node, e.intf, e.peer_id, e.role, e.gbps, e.emulated_bps,
@@ -64,6 +74,9 @@ class LosslessPorts:
                                        start_new_session=True)  # Ctrl-C reaches the runner only
         log.close()
         self.record.add_process(self.daemon.pid, "pfc-daemon")
+
+    def _wait_daemon(self) -> None:
+        assert self.daemon is not None
         ready, _, _ = select.select([self.daemon.stdout], [], [], READY_TIMEOUT_S)
         if not ready or self.daemon.stdout.readline().strip() != "READY":
             raise RuntimeError("the PFC daemon did not start (see logs/pfcd.log)")
@@ -84,7 +97,8 @@ class LosslessPorts:
         stats = self._stop_daemon()
         old = self.daemon.pid if self.daemon is not None else None
         self.record.processes = [p for p in self.record.processes if p.pid != old]
-        self._start_daemon(self.netns_of)
+        self._spawn_daemon()
+        self._wait_daemon()
         return stats
 
     def _stop_daemon(self) -> dict:

@@ -83,9 +83,13 @@ class RunRecord:
         write_atomic(self.path, json.dumps(asdict(self), indent=1))
 
     def add_process(self, pid: int, role: str) -> None:
-        ref = ProcessRef.of(pid, role)
-        if ref is not None:
-            self.processes.append(ref)
+        self.add_processes([(pid, role)])
+
+    def add_processes(self, processes: list[tuple[int, str]]) -> None:
+        """Record processes (pid, role) with one save: each save is an fsync."""
+        refs = [ref for pid, role in processes if (ref := ProcessRef.of(pid, role)) is not None]
+        if refs:
+            self.processes += refs
             self.save()
 
     def owner_alive(self) -> bool:
