@@ -1,0 +1,38 @@
+"""The examples in examples/ run, on their --small settings, and write their plots: they are
+documentation that CI keeps true."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.integration.fabric_checks import REPO
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+
+def example(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, REPO / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_dcqcn_sweep(tmp_path):
+    summary = example("dcqcn_sweep").main(["--out", str(tmp_path), "--small"])
+    assert (tmp_path / "dcqcn_sweep.png").stat().st_size > 10_000
+    assert summary["dcqcn.rate_ai"].tolist() == [40e6, 4e9] and summary["seed"].tolist() == [1, 1]
+    assert (summary["status"] == "ok").all() and (summary["jct_fabric_s"] > 0).all()
+    assert (summary["transport.cnp_received"] > 0).all()  # DCQCN acted in every run
+    assert len(list((tmp_path / "dcqcn-incast").iterdir())) == 2  # one folder per run
+
+
+def test_lb_compare(tmp_path):
+    flows = example("lb_compare").main(["--out", str(tmp_path), "--small"])
+    assert (tmp_path / "lb_compare.png").stat().st_size > 10_000
+    assert flows.groupby("load_balancing").size().to_dict() == {"dlb": 4, "ecmp": 4, "spray": 4}
+    assert (flows["completion_fabric_us"] > 0).all() and (flows["rx_bytes"] == 2_000_000).all()
+    assert flows.loc[flows["load_balancing"] == "ecmp", "uplink"].str.startswith("spine").all()
