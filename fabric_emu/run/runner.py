@@ -153,7 +153,7 @@ class Runner:
             # Teardown must finish even if the user presses Ctrl-C again.
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            self._phase("tear_down")
+            self._phase("tear_down", "tearing the fabric down")
             self._tear_down(record, workdir, run_dir)
             signal.signal(signal.SIGINT, old_int)
             signal.signal(signal.SIGTERM, old_term)
