@@ -29,6 +29,7 @@ class Results:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self._frames: dict[str, pd.DataFrame] = {}
         if not (self.path / "summary.json").is_file():
             raise SpecError([(str(self.path), "", f"not a run's results folder (it has no summary.json)")])
 
@@ -75,10 +76,6 @@ class Results:
             self._frames[name] = frames.jobs_frame(self.summary) if name == "jobs" else \
                 frames.read_frame(self.path, name, self.dilation)
         return self._frames[name].copy()  # a caller's edits do not leak into the next read
-
-    @cached_property
-    def _frames(self) -> dict[str, pd.DataFrame]:
-        return {}
 
     ports = property(lambda self: self.frame("ports"), doc="ports.csv: one row per switch port")
     flows = property(lambda self: self.frame("flows"), doc="flows.csv: one row per queue pair")
