@@ -31,7 +31,7 @@ class Results:
         self.path = Path(path)
         self._frames: dict[str, pd.DataFrame] = {}
         if not (self.path / "summary.json").is_file():
-            raise SpecError([(str(self.path), "", f"not a run's results folder (it has no summary.json)")])
+            raise SpecError([(str(self.path), "", "not a run's results folder (it has no summary.json)")])
 
     def __repr__(self) -> str:
         return f"Results({str(self.path)!r}, status={self.status!r})"

@@ -4,7 +4,6 @@ documentation that CI keeps true."""
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 from types import ModuleType
 
 import pytest
