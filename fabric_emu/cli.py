@@ -14,6 +14,7 @@ from typing import Annotated, Callable, Iterator, Optional
 import typer
 from rich.console import Console
 
+from fabric_emu.api.experiment import Experiment
 from fabric_emu.spec.errors import SpecError
 from fabric_emu.spec.load import load_topology, read_yaml
 from fabric_emu.run.prepare import load_checked
@@ -80,24 +81,19 @@ def _need_root(command: str) -> None:
         raise typer.Exit(EXIT_RUNTIME)
 
 
-def _run_checked(experiment: Path, sets: list[str], out_dir: Path, checked: tuple,
-                 command: list[str], metrics_port: int | None = 0, metrics_linger_s: float = 0.0) -> int:
-    """Run a validated experiment (load_checked's result) and return the exit code: measure
-    this machine first if dilation: auto has no cached capacity, then build, run, tear down
-    and write the results folder."""
-    from fabric_emu.measure.capacity import ProbeError
+def _run_experiment(exp: Experiment, out_dir: Path, command: list[str], metrics_port: int | None = 0,
+                    metrics_linger_s: float = 0.0) -> int:
+    """Run a validated experiment through the API (fabric_emu.api) and return the exit code."""
+    from fabric_emu.api.experiment import RunError
 
-    spec, plan, ranks = checked
-    if plan.extra.get("dilation_auto", {}).get("provisional_dilation"):
-        try:  # dilation: auto, and this machine's capacity was not cached: measure it now
-            spec, plan, ranks = load_checked(experiment, sets, measure=True)
-        except ProbeError as e:
-            err.print(f"error: dilation: auto: cannot measure this machine ({e})", markup=False)
-            return EXIT_RUNTIME
-    from fabric_emu.run.runner import Runner
-
-    return Runner(spec, plan, ranks, out_dir, command=command, console=out, metrics_port=metrics_port,
-                  metrics_linger_s=metrics_linger_s).run(debug=_debug)
+    try:
+        exp.run(out_dir, console=out, command=command, metrics_port=metrics_port,
+                metrics_linger_s=metrics_linger_s, debug=_debug)
+    except RunError as e:
+        if not e.reported:  # the runner says why a run failed; this is why none started
+            err.print(f"error: {e}", markup=False)
+        return EXIT_RUNTIME
+    return EXIT_OK
 
 
 @app.command()
@@ -110,15 +106,15 @@ def run(experiment: Annotated[Path, typer.Argument(help="experiment YAML file")]
             "--metrics-linger", help="seconds to keep serving the final metrics after the run")] = 0.0) -> None:
     """Build the fabric, run the workload, collect counters, tear down, write results."""
     try:
-        checked = load_checked(experiment, set_ or [])
+        exp = Experiment.from_file(experiment, set_ or [])
     except SpecError as e:
         _input_error(e)
     if not -1 <= metrics_port <= 65535 or metrics_linger < 0:
         err.print("error: --metrics-port: 0..65535 or -1 (none); --metrics-linger: seconds >= 0", markup=False)
         raise typer.Exit(EXIT_INPUT)
     _need_root("run")
-    raise typer.Exit(_run_checked(experiment, set_ or [], out_dir, checked, sys.argv,
-                                  None if metrics_port < 0 else metrics_port, metrics_linger))
+    raise typer.Exit(_run_experiment(exp, out_dir, sys.argv, None if metrics_port < 0 else metrics_port,
+                                     metrics_linger))
 
 
 @app.command()
@@ -203,11 +199,11 @@ class _SweepRun:
     point: Point
     seed: int
     sets: list[str]  # what `fabric-emu run --set` would be given
-    checked: tuple  # load_checked's (spec, plan, ranks)
+    exp: Experiment
 
     @property
     def name(self) -> str:
-        return self.checked[0].name
+        return self.exp.name
 
 
 def _plan_sweep(experiment: Path, sets: list[str], points: list[Point],
@@ -219,11 +215,11 @@ def _plan_sweep(experiment: Path, sets: list[str], points: list[Point],
         for seed in seeds or [None]:
             run_sets = [*sets, *point.sets(), *([f"seed={seed}"] if seed is not None else [])]
             try:
-                checked = load_checked(experiment, run_sets)
+                exp = Experiment.from_file(experiment, run_sets)
             except SpecError as e:
                 problems += [p for p in e.problems if p not in problems]
                 continue
-            runs.append(_SweepRun(point, checked[0].seed, run_sets, checked))
+            runs.append(_SweepRun(point, exp.spec.seed, run_sets, exp))
     if problems:
         raise SpecError(problems)
     return runs
@@ -242,7 +238,7 @@ def _sweep_one(experiment: Path, run: _SweepRun, out_dir: Path) -> tuple[RunResu
     before = _folders(out_dir / run.name)
     error, stopped = "", False
     try:
-        _run_checked(experiment, run.sets, out_dir, run.checked, command)
+        _run_experiment(run.exp, out_dir, command)
     except KeyboardInterrupt:  # Ctrl-C outside the traffic phase (the runner catches it there)
         error, stopped = "interrupted (SIGINT)", True
     except Exception as e:  # noqa: BLE001 - a failed point is recorded, the others still run

@@ -96,7 +96,7 @@ def read_sweep(sweep_dir: Path) -> Comparison:
     return Comparison(title, [a.key for a in axes], points, runs)
 
 
-def _sweep_run_dirs(sweep_dir: Path) -> tuple[list[Path], list[tuple[str, str, str]]]:
+def sweep_run_dirs(sweep_dir: Path) -> tuple[list[Path], list[tuple[str, str, str]]]:
     """The run folders a sweep lists, as written or, if the tree was moved, beside the sweep."""
     found, problems = [], []
     for row in _read_csv(sweep_dir / "runs.csv"):
@@ -124,7 +124,7 @@ def run_dirs(paths: list[Path]) -> list[Path]:
         elif (path / "summary.json").is_file():
             dirs.append(path)
         elif _is_sweep(path):
-            found, missing = _sweep_run_dirs(path)
+            found, missing = sweep_run_dirs(path)
             dirs += found
             problems += missing
         elif children := _child_runs(path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fabric_emu.spec.errors import SpecError
+from fabric_emu.spec.experiment import ExperimentSpec
 from fabric_emu.spec.load import load_experiment
 from fabric_emu.topo.plan import build_plan, resolve_ranks
 from fabric_emu.workloads import jobs
@@ -21,7 +22,12 @@ def load_checked(path: Path, sets: list[str], measure: bool = False):
 
     `dilation: auto` is resolved here, from this machine's cached capacity; `measure` allows
     measuring it when there is no cache (root, about 10 s; see fabric_emu.measure.capacity)."""
-    spec = load_experiment(path, sets)
+    return check_spec(load_experiment(path, sets), str(path), measure)
+
+
+def check_spec(spec: ExperimentSpec, path: str, measure: bool = False):
+    """load_checked's checks of a spec already validated (from a file or a dict, named `path` in
+    errors): (spec with dilation and timeout resolved, plan, ranks)."""
     auto = spec.topology.dilation == "auto"
     plan = build_plan(spec.topology, dilation=1.0 if auto else None)
     links = {frozenset((ln.a, ln.b)) for ln in plan.links if ln.kind == "fabric"}

@@ -31,7 +31,7 @@ from fabric_emu.measure.fidelity import CpuMonitor
 from fabric_emu.live.manifest import LiveManifest
 from fabric_emu.live.publish import RunPublisher, live_ports, manifest_path
 from fabric_emu.topo.plan import FabricPlan
-from fabric_emu.run.progress import RunProgress
+from fabric_emu.run.progress import OnProgress, ProgressEvent, RunProgress
 from fabric_emu.state.records import RunLock, RunRecord
 from fabric_emu.results.switch import pause_rows
 from fabric_emu.results.summary import build_summary
@@ -55,14 +55,14 @@ def _raise_interrupted(signum, frame):  # noqa: ARG001 - signal handler signatur
 class Runner:
     def __init__(self, spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], out_base: Path,
                  command: list[str], console: Console, metrics_port: int | None = 0,
-                 metrics_linger_s: float = 0.0) -> None:
+                 metrics_linger_s: float = 0.0, on_progress: OnProgress | None = None) -> None:
         self.spec = spec
         self.plan = plan
         self.ranks = ranks
         self.out_base = out_base
         self.command = command
         self.console = console
-        self.err = Console(stderr=True, soft_wrap=True, highlight=False)
+        self.err = Console(stderr=True, soft_wrap=True, highlight=False, quiet=console.quiet)
         self.times: dict[str, float] = {}
         self.routed: RoutedFabric | None = None  # set before anything starts: teardown finds it
         self.traffic: dict = {}  # what the traffic phase measured, even if it was cut short
@@ -71,6 +71,20 @@ class Runner:
         self.metrics_port = metrics_port  # the exporter's port (0: a free one; None: no exporter)
         self.metrics_linger_s = metrics_linger_s  # serve the final metrics this long after the run
         self.live: RunPublisher | None = None  # the live manifest and exporter (fabric_emu.live)
+        self.on_progress = on_progress  # told each phase, and the traffic's progress (fabric_emu.api)
+        self.run_dir: Path | None = None  # the results folder, once made
+        self.error: str | None = None  # why the run failed, if it did
+        self._started = time.monotonic()
+
+    def _phase(self, phase: str, text: str = "", fraction: float | None = None) -> None:
+        if self.on_progress is not None:
+            self.on_progress(ProgressEvent(phase, fraction, time.monotonic() - self._started, text))
+
+    def _refuse(self, msg: str) -> int:
+        """A run that cannot start: said on stderr, kept for the API, exit code 1."""
+        self.error = msg
+        self.err.print(f"error: {msg}", style="red")
+        return 1
 
     def say(self, msg: str) -> None:
         self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {msg}", highlight=False, soft_wrap=True)
@@ -79,8 +93,7 @@ class Runner:
     def run(self, debug: bool = False) -> int:
         lock = RunLock()
         if not lock.acquire():
-            self.err.print("error: another fabric-emu run is in progress on this machine", style="red")
-            return 1
+            return self._refuse("another fabric-emu run is in progress on this machine")
         try:
             removed, _ = clean_stale()
             if removed:
@@ -89,9 +102,8 @@ class Runner:
 
             taken = conflicts(self.plan)
             if taken:
-                self.err.print(f"error: names the fabric needs are already in use and are not "
-                               f"fabric-emu's: {', '.join(taken[:8])}", style="red")
-                return 1
+                return self._refuse(f"names the fabric needs are already in use and are not "
+                                    f"fabric-emu's: {', '.join(taken[:8])}")
             return self._run_locked(debug)
         finally:
             if self.live is not None:
@@ -113,7 +125,7 @@ class Runner:
 
     def _run_locked(self, debug: bool) -> int:
         started = time.time()
-        run_dir = self.open_results(started)
+        run_dir = self.run_dir = self.open_results(started)
         record = RunRecord.new(f"{results.utc_stamp(started)}-{os.getpid()}")
         workdir = Path(tempfile.mkdtemp(prefix="fabric-emu-"))
         record.paths = [str(workdir)]
@@ -125,7 +137,9 @@ class Runner:
         old_int = signal.signal(signal.SIGINT, _raise_interrupted)
         old_term = signal.signal(signal.SIGTERM, _raise_interrupted)
         try:
+            self._phase("bring_up", f"building {self.plan.name}")
             self.bring_up(record, workdir)
+            self._phase("traffic", "starting")
             self.traffic_phase(record, workdir)
             state["status"] = self.traffic["status"]
         except Interrupted as e:
@@ -139,13 +153,17 @@ class Runner:
             # Teardown must finish even if the user presses Ctrl-C again.
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            self._phase("tear_down", "tearing the fabric down")
             self._tear_down(record, workdir, run_dir)
             signal.signal(signal.SIGINT, old_int)
             signal.signal(signal.SIGTERM, old_term)
 
         if self.routed is not None and self.routed.pfc_stats:
             self.traffic["pfc_daemon"] = self.routed.pfc_stats
-        return self.write_results(run_dir, state, started, record.run_id)
+        self._phase("results", str(run_dir))
+        code = self.write_results(run_dir, state, started, record.run_id)
+        self._phase("done", state["status"])
+        return code
 
     def write_results(self, run_dir: Path, state: dict, started: float, run_id: str) -> int:
         """summary.json, metadata.json and the CSVs of the traffic phase (self.traffic), the
@@ -183,6 +201,7 @@ class Runner:
                                    soft_wrap=True, highlight=False)
         except Exception as e:  # noqa: BLE001
             self.say(f"warning: no plots: {type(e).__name__}: {e}")
+        self.error = summary.get("error") or (None if summary["status"] == "ok" else f"the run is {summary['status']}")
         if summary.get("error"):
             self.err.print(f"error: {summary['error']}", style="red")
         return 0 if summary["status"] == "ok" else 1
@@ -331,7 +350,9 @@ class Runner:
             hosts = [h.name for h in self.plan.hosts]
             line_rate_s = workload_line_rate_s(self.spec.workload, self.ranks, hosts, rate, self.plan.dilation)
             planned = planned_bytes(self.spec.workload, self.ranks, hosts)
-        return RunProgress(self.console, to_hosts, planned, line_rate_s, self.plan.dilation)
+        return RunProgress(self.console, to_hosts, planned, line_rate_s, self.plan.dilation,
+                           on_update=None if self.on_progress is None else
+                           lambda fraction, text: self._phase("traffic", text, fraction))
 
     def _watched(self) -> dict[int, str]:
         """The fabric's own processes whose threads the CPU monitor samples (ovs-vswitchd it

@@ -124,21 +124,27 @@ def load_topology(path: str | Path, overrides: list[str] | None = None) -> Topol
 def load_experiment(path: str | Path, overrides: list[str] | None = None) -> ExperimentSpec:
     """Load an experiment; its topology may be a path (relative to the file) or a mapping."""
     path = Path(path)
-    data = read_yaml(path)
+    return experiment_from_data(read_yaml(path), str(path), path.parent, overrides)
+
+
+def experiment_from_data(data: Any, source: str, base_dir: Path,
+                         overrides: list[str] | None = None) -> ExperimentSpec:
+    """Validate an experiment given as data (a file's YAML, or a dict from Python). `source`
+    names it in errors; a topology given as a path is read relative to `base_dir`."""
     if not isinstance(data, dict):
-        raise SpecError([(str(path), "", "expected a mapping of fields at the top level")])
-    files = {"": str(path)}
+        raise SpecError([(source, "", "expected a mapping of fields at the top level")])
+    data = copy.deepcopy(data)  # the overrides and the topology file go into a copy
+    files = {"": source}
     topo = data.get("topology")
     if isinstance(topo, str):
-        topo_path = (path.parent / topo).resolve() if not Path(topo).is_absolute() else Path(topo)
+        topo_path = (base_dir / topo).resolve() if not Path(topo).is_absolute() else Path(topo)
         if not topo_path.is_file():
-            raise SpecError([(str(path), "topology", f"file not found: {topo}")])
+            raise SpecError([(source, "topology", f"file not found: {topo}")])
         topo_data = read_yaml(topo_path)
         if not isinstance(topo_data, dict):
             raise SpecError([(str(topo_path), "", "expected a mapping of fields at the top level")])
         data["topology"] = topo_data
         files["topology"] = str(topo_path)
-    data = copy.deepcopy(data)
     for item in overrides or []:
         key, sep, raw = item.partition("=")
         if not sep:

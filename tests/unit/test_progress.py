@@ -47,3 +47,17 @@ def test_bar_on_a_terminal_and_nothing_elsewhere():
         time.sleep(0.6)
     assert quiet.getvalue() == ""
     assert not RunProgress(console, lambda: (0, 0), 1, 1.0, 1000).shown  # a short run
+
+
+def test_a_callback_is_told_the_progress_without_a_bar():
+    """fabric_emu.api's progress callback: the same figures, on no terminal and for a short run."""
+    sent = [(0, 0)]
+    told: list[tuple[float, str]] = []
+    out = io.StringIO()
+    with RunProgress(Console(file=out), lambda: sent[0], 8_000_000, 1.0, 1000,
+                     on_update=lambda f, text: told.append((f, text))) as bar:
+        bar.start(time.time())
+        sent[0] = (2_000_000 + 500 * DATA_OVERHEAD, 500)
+        time.sleep(0.7)
+    assert out.getvalue() == ""  # no bar
+    assert told and told[-1][0] == 0.25 and told[-1][1].startswith("2.0 MB of 8.0 MB delivered")
