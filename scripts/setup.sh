@@ -12,6 +12,33 @@ apt_stamp="$stamp_dir/apt.done"
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
+# The system packages, for Debian (12) or Ubuntu (24.04). `setup.sh --apt-packages [debian|ubuntu]`
+# prints them, one a line, and exits: the lab VM's image (scripts/vm/build-image.sh) is built
+# with exactly these, so the set-up run inside it finds them installed.
+apt_packages_for() {
+  local distro=$1
+  local pkgs=(
+    mininet openvswitch-switch openvswitch-common
+    iperf3 ethtool tcpdump tshark iputils-ping iproute2 procps kmod
+    clang llvm libbpf-dev linux-libc-dev
+    python3 python3-venv python3-dev git
+    prometheus  # the metrics integration test runs its own server (the service is not started)
+  )
+  # bpftool (loads the port programs) is its own package on Debian 12 but part of linux-tools on
+  # Ubuntu 24.04, whose bpftool wrapper needs the tools of the running kernel's flavour.
+  # Headless Chromium, in which the tests open `fabric-emu report` pages: Debian's own package;
+  # Ubuntu's is chromium-browser (a snap underneath).
+  if [ "$distro" = ubuntu ]; then pkgs+=(linux-tools-common linux-tools-generic chromium-browser)
+  else pkgs+=(bpftool chromium); fi
+  printf '%s\n' "${pkgs[@]}"
+}
+this_distro=debian
+if grep -qi ubuntu /etc/os-release; then this_distro=ubuntu; fi
+if [ "${1:-}" = "--apt-packages" ]; then
+  apt_packages_for "${2:-$this_distro}"
+  exit 0
+fi
+
 # Root is needed (Mininet, Open vSwitch); re-run through sudo when it exists.
 if [ "$(id -u)" -ne 0 ]; then
   if command -v sudo >/dev/null 2>&1; then exec sudo -- bash "$(readlink -f "${BASH_SOURCE[0]}")" "$@"; fi
@@ -19,19 +46,7 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 2
 fi
 
-apt_packages=(
-  mininet openvswitch-switch openvswitch-common
-  iperf3 ethtool tcpdump tshark iputils-ping iproute2 procps
-  clang llvm libbpf-dev linux-libc-dev
-  python3 python3-venv python3-dev git
-  prometheus  # the metrics integration test runs its own server (the service is not started)
-)
-# bpftool (loads the port programs) is its own package on Debian 12 but part of linux-tools on
-# Ubuntu 24.04, whose bpftool wrapper needs the tools of the running kernel's flavour.
-if grep -qi ubuntu /etc/os-release; then apt_packages+=(linux-tools-common linux-tools-generic); else apt_packages+=(bpftool); fi
-# Headless Chromium, in which the tests open `fabric-emu report` pages: Debian's own package;
-# Ubuntu's is chromium-browser (a snap underneath).
-if grep -qi ubuntu /etc/os-release; then apt_packages+=(chromium-browser); else apt_packages+=(chromium); fi
+mapfile -t apt_packages < <(apt_packages_for "$this_distro")
 
 missing=()
 for p in "${apt_packages[@]}"; do
@@ -78,10 +93,18 @@ if [ ! -f "$sysctl_conf" ]; then
 fi
 sysctl -q -p "$sysctl_conf"
 
+# Open vSwitch's kernel datapath, where the kernel has the module (a lab VM, most Linux boxes;
+# not our CI kernel): load it and create the datapath before ovs-vswitchd starts. Started the
+# other way round, its first bridge came up with no handler threads and lost every upcall
+# (`ovs-dpctl show`: lost; 3 of 3 boots of a Debian 12 VM). tun: the userspace datapath's.
+if modprobe openvswitch 2>/dev/null; then
+  ovs-dpctl show system@ovs-system >/dev/null 2>&1 || ovs-dpctl add-dp system@ovs-system
+fi
+modprobe tun 2>/dev/null || true
 # Open vSwitch: the kernel module may be missing (it is on our CI kernel), so start the
 # daemons with ovs-ctl, which skips the module load when asked to.
 if ! ovs-vsctl --timeout=2 show >/dev/null 2>&1 || ! ovs-appctl --timeout=2 version >/dev/null 2>&1; then
-  log "starting Open vSwitch daemons (userspace datapath)"
+  log "starting Open vSwitch daemons ($( [ -d /sys/module/openvswitch ] && echo "kernel and userspace datapaths" || echo "userspace datapath: this kernel has no openvswitch module"))"
   /usr/share/openvswitch/scripts/ovs-ctl start --system-id=random >/dev/null 2>&1 || true
 fi
 # An ovs-vswitchd started before the settings above keeps its small shared send socket:
