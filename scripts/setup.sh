@@ -136,7 +136,10 @@ mkdir -p "$venv/debian-mininet"
 ln -sfn /usr/lib/python3/dist-packages/mininet "$venv/debian-mininet/mininet"
 echo "$venv/debian-mininet" > "$site/debian_mininet.pth"
 
-req_hash=$(cat "$here/requirements.txt" "$here/pyproject.toml" | sha256sum | cut -c1-16)
+# What the venv is made of: the pins and pyproject's [project] table (its dependencies and
+# entry points), not the test and lint settings beside them.
+req_hash=$( { cat "$here/requirements.txt"; sed -n '/^\[project/,/^\[tool/p' "$here/pyproject.toml"; } \
+           | sha256sum | cut -c1-16)
 if [ ! -f "$venv/.req-$req_hash" ]; then
   log "installing Python dependencies"
   "$venv/bin/pip" install -q --disable-pip-version-check -r "$here/requirements.txt"

@@ -37,6 +37,8 @@ if ! command -v qemu-system-x86_64 >/dev/null; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-system-x86 >/dev/null
 fi
+# The VM reuses this machine's .venv (it has no network to build one): make it current first.
+bash "$here/scripts/setup.sh" >&2
 image=$(bash "$here/scripts/vm/build-image.sh")
 own_io=""
 if [ -z "$io" ]; then io=$(mktemp -d /tmp/fabric-emu-vm-io.XXXXXX); own_io=1; fi
