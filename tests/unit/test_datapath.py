@@ -281,3 +281,66 @@ def test_auto_resolves_dilation_from_the_chosen_datapaths_capacity(spec_dir: Pat
     _, plan, _ = load_checked(spec_dir / "exp.yaml", ["topology.dilation=auto"], probe=loaded)
     assert asked == ["kernel"] and plan.extra["dilation_auto"]["capacity"]["datapath"] == "kernel"
     assert "kernel" in plan.extra["dilation_auto"]["capacity"]["datapath"]
+
+
+def test_measure_kernel_derives_the_hop_cost_and_show_prints_it(monkeypatch):
+    """measure_kernel's arithmetic and the figures show prints, with the probe network faked
+    (the real one needs root and openvswitch.ko: tests/integration/test_kernel_datapath.py)."""
+    from rich.console import Console
+
+    from fabric_emu.measure.dilation import PlannedLoad, explain
+    from fabric_emu.run.show import print_dilation_auto
+
+    class FakeNet:
+        def __init__(self, mtu, datapath):
+            assert datapath == "kernel"
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+        def udp_blast(self, dst, seconds, rate="0", port=5301):
+            n = 100_000 if dst == capacity.ADDRS[1] else 200_000  # through the bridge / direct
+            return {"sent_pps": 2 * n / seconds, "received_pps": n / seconds, "received": n, "frame_bytes": 4214}
+
+    # /proc/stat around each blast: direct 0.4 s softirq + 0.1 s system; bridge 1.5 + 0.5 s
+    stats = iter([{"cpu0": [0, 0, 0, 0, 0, 0, 0, 0]}, {"cpu0": [0, 0, 10, 0, 0, 0, 40, 0]},
+                  {"cpu0": [0, 0, 10, 0, 0, 0, 40, 0]}, {"cpu0": [0, 0, 60, 0, 0, 0, 190, 0]}])
+    monkeypatch.setattr(capacity, "ProbeNet", FakeNet)
+    monkeypatch.setattr(capacity.softirq, "read_proc_stat", lambda: next(stats))
+    monkeypatch.setattr(capacity.softirq, "CLK_TCK", 100)
+    monkeypatch.setattr(capacity.softirq.cpu_seconds, "__defaults__", (100,))
+    monkeypatch.setattr(capacity.ovs_datapath, "probe_module", loaded)
+    monkeypatch.setattr(capacity, "clean_stale", lambda: None)
+    monkeypatch.setattr(capacity, "RunLock", lambda: type("L", (), {"acquire": lambda s: True,
+                                                                     "release": lambda s: None})())
+    monkeypatch.setattr(capacity.nic_capacity, "nic_capacity_pps", lambda payload: {"pps": 30_000.0, "what": "x"})
+    cap = capacity.measure_kernel(4200)
+    # per frame: 2.0 s / 100k through the bridge less 0.5 s / 200k direct = 17.5 us a hop
+    assert cap.datapath == "kernel" and cap.details["ovs"]["hop_us"] == 17.5
+    assert cap.ovs_pps == round(1 / 17.5e-6) and cap.ovs_wakeup_s == 0.0
+    load = PlannedLoad(switch_pps=1e6, nic_pps=1e5, host_pps={"h1": 5e4, "h2": 5e4}, flows=2, frame_bytes=4214)
+    out = Console(record=True, width=300)
+    print_dilation_auto(out, {**explain(load, cap, 100), "capacity_details": cap.details})
+    text = out.export_text()
+    assert "OVS switching, kernel datapath (softirq), taken as one core" in text
+    assert "OVS kernel datapath: 50,000 frames/s of 4214 B forwarded" in text and "17.5 us of kernel CPU" in text
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Mininet's isOldOVS uses distutils
+@pytest.mark.parametrize("datapath, opt", [("user", "datapath_type=netdev"), ("kernel", "datapath_type=system")])
+def test_fabric_switch_bridges_say_their_datapath_type(datapath: str, opt: str, monkeypatch):
+    from mininet.node import OVSSwitch
+
+    from fabric_emu.fabric.build import FabricSwitch
+    from fabric_emu.state.records import OVS_OWNER_KEY
+
+    sw = object.__new__(FabricSwitch)  # no shell: only the options of ovs-vsctl add-br
+    sw.__dict__.update(name="leaf1", dpid="0000000000000001", failMode="secure", inband=False, datapath=datapath,
+                       protocols="OpenFlow15", stp=False, run_id="r1")
+    monkeypatch.setattr(OVSSwitch, "OVSVersion", "3.1", raising=False)  # set by Mininet's setup()
+    opts = sw.bridgeOpts()
+    assert opt in opts and f"external_ids:{OVS_OWNER_KEY}=r1" in opts
+    assert ("datapath_type=system" in opts) == (datapath == "kernel")
