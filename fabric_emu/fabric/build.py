@@ -145,6 +145,12 @@ class Fabric:
         """Create and connect the OVS bridges, then give every link end its egress queue."""
         assert self.net is not None, "build() first"
         self.net.start()
+        if self.datapath == "kernel":  # else the run would only fail later, as "no connectivity"
+            off = ovs_datapath.bridges_off_the_kernel_datapath([sw.name for sw in self.plan.switches])
+            if off:
+                raise RuntimeError(f"Open vSwitch did not put {', '.join(off[:4])} on its kernel datapath "
+                                   "(see ovs-appctl dpif/show and ovs-vswitchd.log; if it started before the "
+                                   "openvswitch module was loaded, restart it: scripts/setup.sh)")
         self._shape_links()
 
     def _prepare_interfaces(self) -> None:
@@ -198,7 +204,8 @@ class Fabric:
             pending = [(a, b) for a, b, p in procs if p.wait() != 0]
             if not pending:
                 return
-        raise RuntimeError("no connectivity: " + ", ".join(f"{a} -> {b}" for a, b in pending))
+        hint = ovs_datapath.lost_upcalls_hint() if self.datapath == "kernel" else ""
+        raise RuntimeError("no connectivity: " + ", ".join(f"{a} -> {b}" for a, b in pending) + hint)
 
     def uplink_of(self, src: str, dst: str, udp_src: int) -> str:
         """The spine the source leaf's OpenFlow tables send this RoCE flow to ('' when both

@@ -116,6 +116,35 @@ def parse_dpctl_show(text: str) -> dict[str, dict[str, int]]:
     return out
 
 
+def parse_dpif_show(text: str) -> dict[str, set[str]]:
+    """`ovs-appctl dpif/show`: {datapath: its bridges} (e.g. system@ovs-system: {leaf1, spine1})."""
+    out: dict[str, set[str]] = {}
+    current: set[str] | None = None
+    for line in text.splitlines():
+        if m := re.match(r"^(\S+@\S+):", line):
+            current = out.setdefault(m[1], set())
+        elif current is not None and (m := re.match(r"^  (\S+):\s*$", line)):
+            current.add(m[1])
+    return out
+
+
+def bridges_off_the_kernel_datapath(bridges: list[str]) -> list[str]:
+    """Those of these bridges ovs-vswitchd did not put on the kernel datapath (it could not open
+    it: e.g. it started before the module was loaded, and keeps that failure until restarted)."""
+    r = subprocess.run(["ovs-appctl", "dpif/show"], capture_output=True, text=True, timeout=10)
+    on = parse_dpif_show(r.stdout).get(SYSTEM_DP, set()) if r.returncode == 0 else set()
+    return [b for b in bridges if b not in on]
+
+
+def lost_upcalls_hint() -> str:
+    """A sentence for a fabric that does not connect, when the kernel datapath lost upcalls."""
+    lost = (dpctl_stats() or {}).get("lost", 0)
+    if not lost:
+        return ""
+    return (f" (OVS's kernel datapath lost {lost} upcalls: ovs-vswitchd may have no handler threads;"
+            " restart it with scripts/setup.sh now that the datapath exists)")
+
+
 def dpctl_stats(dp: str = SYSTEM_DP) -> dict[str, int] | None:
     """The kernel datapath's lookup counters now (None: no such datapath, or no ovs-dpctl)."""
     try:

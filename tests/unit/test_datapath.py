@@ -167,6 +167,25 @@ def test_dpctl_show_is_parsed():
     assert parse_dpctl_show("") == {}
 
 
+DPIF = """netdev@ovs-netdev: hit:0 missed:0
+  other:
+    other 65534/1: (tap)
+system@ovs-system: hit:10 missed:2
+  leaf1:
+    leaf1 65534/1: (internal)
+    leaf1-eth1 1/2: (system)
+  spine1:
+    spine1 65534/3: (internal)
+"""
+
+
+def test_dpif_show_tells_which_bridges_are_on_the_kernel_datapath(monkeypatch):
+    assert ovs_datapath.parse_dpif_show(DPIF) == {"netdev@ovs-netdev": {"other"},
+                                                  "system@ovs-system": {"leaf1", "spine1"}}
+    monkeypatch.setattr(subprocess, "run", lambda args, **kw: subprocess.CompletedProcess(args, 0, DPIF, ""))
+    assert ovs_datapath.bridges_off_the_kernel_datapath(["leaf1", "spine1", "other", "leaf2"]) == ["other", "leaf2"]
+
+
 def test_the_kernel_datapath_is_created_once_and_never_twice(monkeypatch):
     calls = []
 
