@@ -1,7 +1,9 @@
 """The emulated fabric: Mininet hosts and Open vSwitch switches built from a FabricPlan.
 
 This is kernel/process plumbing only; every decision (names, ports, addresses, rates) comes from
-the plan. Switches use OVS's userspace datapath (our CI kernel has no OVS module); each link end
+the plan. Switches use the OVS datapath the plan's extra["datapath"] names (fabric_emu.kernel.
+ovs_datapath: the kernel's where openvswitch.ko loads, else the userspace one, as on our CI
+kernel, which has no OVS module; a plan without one: userspace); each link end
 gets its traffic classes (HTB at the emulated rate, a queue per class) through
 fabric_emu.ports.queues, with limits from the port plan; host NICs also get the per-queue-pair
 HTB their agents put rate classes in (fabric_emu.ports.qp_limiter).
@@ -19,7 +21,7 @@ from mininet.node import Host, OVSSwitch, RemoteController
 from mininet.topo import Topo
 from pyroute2 import IPRoute
 
-from fabric_emu.kernel import rps, rtnl
+from fabric_emu.kernel import ovs_datapath, rps, rtnl
 from fabric_emu.kernel.rtnl import Batch
 from fabric_emu.topo.plan import FabricPlan
 from fabric_emu.ports import queues
@@ -42,8 +44,8 @@ class PlanTopo(Topo):
 
 
 class FabricSwitch(OVSSwitch):
-    """OVS bridge on the userspace datapath, tagged with the run id in the same transaction
-    that creates it, so cleanup can always tell our bridges from anyone else's."""
+    """OVS bridge (on the userspace datapath unless datapath="kernel"), tagged with the run id in
+    the same transaction that creates it, so cleanup can always tell our bridges from anyone else's."""
 
     def __init__(self, name: str, run_id: str = "", **params) -> None:
         params.setdefault("datapath", "user")
@@ -53,7 +55,9 @@ class FabricSwitch(OVSSwitch):
         self.run_id = run_id
 
     def bridgeOpts(self) -> str:
-        return super().bridgeOpts() + f" external_ids:{OVS_OWNER_KEY}={self.run_id}"
+        # Mininet names only netdev; say system outright rather than rely on OVS's default.
+        kernel = " datapath_type=system" if self.datapath == "kernel" else ""
+        return super().bridgeOpts() + kernel + f" external_ids:{OVS_OWNER_KEY}={self.run_id}"
 
 
 class LaunchedController(RemoteController):
@@ -103,6 +107,7 @@ class Fabric:
         self.ports = ports
         self.record = record
         self.controller_port = controller_port
+        self.datapath = ovs_datapath.datapath_of(plan.extra)  # "kernel" or "userspace"
         self.net: Mininet | None = None
 
     def host(self, name: str) -> Host:
@@ -122,9 +127,11 @@ class Fabric:
         # cleanable. Bridges need no entry: each carries the run id in OVS itself.
         self.record.interfaces = switch_interfaces(plan)
         self.record.save()
+        ovs_datapath.prepare(self.datapath)  # the kernel datapath before its first bridge; tun
+        mininet_dp = ovs_datapath.MININET_DATAPATH[self.datapath]
 
         def make_switch(name: str, **params) -> FabricSwitch:
-            return FabricSwitch(name, run_id=self.record.run_id, **params)
+            return FabricSwitch(name, run_id=self.record.run_id, datapath=mininet_dp, **params)
 
         self.net = Mininet(topo=PlanTopo(plan=plan), switch=make_switch, controller=None,
                            autoSetMacs=False, autoStaticArp=False, build=False,
@@ -138,6 +145,12 @@ class Fabric:
         """Create and connect the OVS bridges, then give every link end its egress queue."""
         assert self.net is not None, "build() first"
         self.net.start()
+        if self.datapath == "kernel":  # else the run would only fail later, as "no connectivity"
+            off = ovs_datapath.bridges_off_the_kernel_datapath([sw.name for sw in self.plan.switches])
+            if off:
+                raise RuntimeError(f"Open vSwitch did not put {', '.join(off[:4])} on its kernel datapath "
+                                   "(see ovs-appctl dpif/show and ovs-vswitchd.log; if it started before the "
+                                   "openvswitch module was loaded, restart it: scripts/setup.sh)")
         self._shape_links()
 
     def _prepare_interfaces(self) -> None:
@@ -191,7 +204,8 @@ class Fabric:
             pending = [(a, b) for a, b, p in procs if p.wait() != 0]
             if not pending:
                 return
-        raise RuntimeError("no connectivity: " + ", ".join(f"{a} -> {b}" for a, b in pending))
+        hint = ovs_datapath.lost_upcalls_hint() if self.datapath == "kernel" else ""
+        raise RuntimeError("no connectivity: " + ", ".join(f"{a} -> {b}" for a, b in pending) + hint)
 
     def uplink_of(self, src: str, dst: str, udp_src: int) -> str:
         """The spine the source leaf's OpenFlow tables send this RoCE flow to ('' when both

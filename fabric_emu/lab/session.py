@@ -76,6 +76,8 @@ class LabSession:
         spec, plan, _ = load_checked(experiment, self.base_sets, measure=True)
         if spec.topology.dilation == "auto":  # never re-chosen mid-lab: the fabric is built
             self.base_sets.append(f"topology.dilation={plan.dilation}")
+        # Nor the datapath: the bridges are built on the one chosen now.
+        self.base_sets.append(f"datapath={plan.extra['datapath']['datapath']}")
         self.spec: ExperimentSpec = spec
         self.plan: FabricPlan = plan
         self.runs: list[LabRun] = []

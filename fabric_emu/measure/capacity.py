@@ -9,8 +9,15 @@ Two figures, each per core, because the fabric's packets cost CPU in two places:
   above what crossed OVS, the figure is flagged as a lower bound.
 - NIC: packets/s one core of a NIC engine sends (fabric_emu.measure.nic_capacity, pluggable).
 
+On OVS's kernel datapath (fabric_emu.kernel.ovs_datapath) no thread forwards: the probe bridge
+is a `system` one, and the OVS figure is frames forwarded per second of the kernel CPU time
+(softirq, irq and system, from /proc/stat: fabric_emu.measure.softirq) that one hop adds, i.e.
+the kernel time per frame through the bridge less that per frame over the direct veth pair
+(which has the same sockets, one veth crossing fewer and no OVS). Not yet run on a machine with
+the module: the lab VM exercises it.
+
 The cache (STATE_DIR/capacity.json) is keyed by what makes a figure stale: CPU model, cores,
-kernel release, OVS version and the probes' versions; one entry per MTU measured.
+kernel release, OVS version and the probes' versions; one entry per datapath and MTU measured.
 
 The probe builds its network like a run does, so `fabric-emu clean` can remove it after a
 kill -9: a RunRecord names its two root-namespace veth ends and the namespace-holder
@@ -29,7 +36,8 @@ from pathlib import Path
 
 from pyroute2 import IPRoute
 
-from fabric_emu.measure import nic_capacity
+from fabric_emu.kernel import ovs_datapath
+from fabric_emu.measure import nic_capacity, softirq
 from fabric_emu.state.cleanup import clean_record, clean_stale
 from fabric_emu.spec.experiment import ExperimentSpec
 from fabric_emu.measure.dilation import Capacity, PlannedLoad, choose_dilation, explain, planned_load
@@ -37,7 +45,7 @@ from fabric_emu.topo.plan import FabricPlan, build_plan, roce_path_mtu
 from fabric_emu.state.records import OVS_OWNER_KEY, STATE_DIR, RunLock, RunRecord, write_atomic
 from fabric_emu.measure.thread_cpu import busy_fractions, ovs_vswitchd_pid, read_threads
 
-PROBE_VERSION = 1  # bump when the OVS probe measures differently (stales every cache)
+PROBE_VERSION = 2  # bump when the OVS probe measures differently (stales every cache); 2: per datapath
 CACHE_PATH = STATE_DIR / "capacity.json"
 BRIDGE = "fecap-br"
 ROOT_ENDS = ("fecap-a", "fecap-b")  # root-namespace veth ends, on the probe bridge
@@ -49,6 +57,7 @@ DIRECT_S = 1.0
 LIGHT_S, LIGHT_PPS = 1.0, 1000  # frames arriving one by one: what a wakeup of OVS costs
 IP_UDP = 20 + 8
 ETH_HEADER = 14
+MIN_HOP_SHARE = 0.25  # kernel datapath: a hop costs at least this share of the bridge path's time per frame
 
 
 # --------------------------------------------------------------------------- cache
@@ -87,8 +96,9 @@ def machine_key() -> dict:
             "nic_probe_version": nic_capacity.PROBE_VERSION}
 
 
-def cached(mtu: int, path: Path | None = None, key: dict | None = None) -> Capacity | None:
-    """The cached capacity at this MTU if it is still this machine's; None otherwise."""
+def cached(mtu: int, path: Path | None = None, key: dict | None = None,
+           datapath: str = "userspace") -> Capacity | None:
+    """The cached capacity on this datapath at this MTU if it is still this machine's; None otherwise."""
     path = path or CACHE_PATH
     try:
         data = json.loads(path.read_text())
@@ -96,7 +106,7 @@ def cached(mtu: int, path: Path | None = None, key: dict | None = None) -> Capac
         return None
     if data.get("machine") != (key or machine_key()):
         return None
-    entry = data.get("by_mtu", {}).get(str(mtu))
+    entry = data.get("by_datapath", {}).get(datapath, {}).get(str(mtu))
     try:
         return Capacity.from_dict(entry) if entry else None
     except (KeyError, TypeError, ValueError):
@@ -112,17 +122,17 @@ def store(cap: Capacity, path: Path | None = None, key: dict | None = None) -> N
     except (OSError, ValueError):
         data = {}
     if data.get("machine") != key:
-        data = {"machine": key, "by_mtu": {}}
-    data["by_mtu"][str(cap.mtu)] = {**cap.to_dict(), "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        data = {"machine": key, "by_datapath": {}}
+    data["by_datapath"].setdefault(cap.datapath, {})[str(cap.mtu)] = {**cap.to_dict(), "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(data, indent=1) + "\n")
 
 
-def get(mtu: int, measure_if_missing: bool) -> Capacity | None:
-    """The cached capacity, else a new measurement (when allowed), else None."""
-    cap = cached(mtu)
+def get(mtu: int, measure_if_missing: bool, datapath: str = "userspace") -> Capacity | None:
+    """The cached capacity on this datapath, else a new measurement (when allowed), else None."""
+    cap = cached(mtu, datapath=datapath)
     if cap is None and measure_if_missing:
-        cap = measure(mtu)
+        cap = measure(mtu, datapath)
         store(cap)
     return cap
 
@@ -131,8 +141,8 @@ def get(mtu: int, measure_if_missing: bool) -> Capacity | None:
 
 
 PROVISIONAL_DILATION = 2000.0  # the topology default: only for showing a plan not yet measured
-NOT_MEASURED = ("this machine's capacity is not measured yet: `fabric-emu run` measures it (root, "
-                "about 6 s, cached in {path}), as does `sudo fabric-emu show`")
+NOT_MEASURED = ("this machine's capacity on the {datapath} datapath is not measured yet: `fabric-emu run` "
+                "measures it (root, about 6 s, cached in {path}), as does `sudo fabric-emu show`")
 
 
 def with_dilation(spec: ExperimentSpec, dilation: float) -> ExperimentSpec:
@@ -140,16 +150,17 @@ def with_dilation(spec: ExperimentSpec, dilation: float) -> ExperimentSpec:
 
 
 def resolve_auto(spec: ExperimentSpec, plan_at_1: FabricPlan, ranks: list[str],
-                 measure: bool) -> tuple[ExperimentSpec, FabricPlan]:
-    """`dilation: auto` -> the spec and plan at the chosen dilation; the plan's
-    extra["dilation_auto"] holds the figures behind the choice. Without a cached capacity and
-    without leave to measure, a provisional dilation, marked so (for `show` only)."""
+                 measure: bool, datapath: str = "userspace") -> tuple[ExperimentSpec, FabricPlan]:
+    """`dilation: auto` -> the spec and plan at the chosen dilation, from the capacity of the
+    OVS datapath the run uses; the plan's extra["dilation_auto"] holds the figures behind the
+    choice. Without a cached capacity and without leave to measure, a provisional dilation,
+    marked so (for `show` only)."""
     load: PlannedLoad = planned_load(spec, plan_at_1, ranks)
-    cap = get(plan_at_1.mtu, measure_if_missing=measure)
+    cap = get(plan_at_1.mtu, measure_if_missing=measure, datapath=datapath)
     if cap is None:
         d = PROVISIONAL_DILATION
         info = {"dilation": None, "provisional_dilation": d, "planned_at_dilation_1": load.to_dict(),
-                "reason": NOT_MEASURED.format(path=CACHE_PATH)}
+                "reason": NOT_MEASURED.format(path=CACHE_PATH, datapath=datapath)}
     else:
         d = choose_dilation(load, cap)
         info = {**explain(load, cap, d), "capacity_details": cap.details}
@@ -178,11 +189,13 @@ def _in_ns(holder: int, *cmd: str) -> list[str]:
 
 
 class ProbeNet:
-    """Two namespaces, a veth pair straight between them, and a netdev bridge joining them;
-    removed on exit (and by `fabric-emu clean` from its record if this process dies)."""
+    """Two namespaces, a veth pair straight between them, and a bridge (netdev, or system on the
+    kernel datapath) joining them; removed on exit (and by `fabric-emu clean` from its record if
+    this process dies)."""
 
-    def __init__(self, mtu: int) -> None:
+    def __init__(self, mtu: int, datapath: str = "userspace") -> None:
         self.mtu = mtu
+        self.datapath = datapath
         self.record = RunRecord.new(f"capacity-probe-{os.getpid()}")
         self.holders: list[int] = []
         self._procs: list[subprocess.Popen] = []
@@ -243,8 +256,10 @@ class ProbeNet:
                       f" ethtool -K $i tx off >/dev/null; done; ip addr add {addr}/30 dev {NS_END};"
                       f" ip addr add 10.254.1.{addr.rsplit('.', 1)[1]}/30 dev {direct}")
             _run(*_in_ns(holder, "sh", "-c", script))
+        ovs_datapath.prepare(self.datapath)  # as a fabric does before its first bridge
         _run("ovs-vsctl", "--timeout=10", "--", "add-br", BRIDGE, "--", "set", "bridge", BRIDGE,
-             "datapath_type=netdev", "fail_mode=secure", "protocols=OpenFlow15",
+             f"datapath_type={ovs_datapath.DATAPATH_TYPE[self.datapath]}", "fail_mode=secure",
+             "protocols=OpenFlow15",
              f"external_ids:{OVS_OWNER_KEY}={self.record.run_id}",
              "--", "add-port", BRIDGE, ROOT_ENDS[0], "--", "set", "interface", ROOT_ENDS[0], "ofport_request=1",
              "--", "add-port", BRIDGE, ROOT_ENDS[1], "--", "set", "interface", ROOT_ENDS[1], "ofport_request=2")
@@ -277,6 +292,7 @@ class ProbeNet:
         sent, recv = out["end"]["sum_sent"], out["end"]["sum_received"]
         return {"sent_pps": sent["packets"] / sent["seconds"],
                 "received_pps": (recv["packets"] - recv["lost_packets"]) / recv["seconds"],
+                "received": recv["packets"] - recv["lost_packets"],
                 "frame_bytes": payload + IP_UDP + ETH_HEADER}
 
 
@@ -290,13 +306,16 @@ def _ovs_thread_busy(ovs_pid: int, run) -> tuple[dict, str, float]:
     return result, f"{after[tid][0]} (tid {tid})", busy[tid]
 
 
-def measure(mtu: int) -> Capacity:
-    """Measure this machine now (root; about 6 s). Takes the run lock for the while."""
+def measure(mtu: int, datapath: str = "userspace") -> Capacity:
+    """Measure this machine now on this OVS datapath (root; about 6 s). Takes the run lock for
+    the while."""
     if os.geteuid() != 0:
         raise ProbeError("measuring this machine's capacity needs root (sudo)")
     ovs_pid = ovs_vswitchd_pid()
     if ovs_pid is None:
         raise ProbeError("ovs-vswitchd is not running (scripts/setup.sh starts it)")
+    if datapath == "kernel":
+        return measure_kernel(mtu)
     lock = RunLock()
     if not lock.acquire():
         raise ProbeError("a fabric-emu run is in progress: cannot measure this machine now")
@@ -330,3 +349,63 @@ def measure(mtu: int) -> Capacity:
     wakeup_s = light_busy / light["received_pps"] if light["received_pps"] else 0.0
     return Capacity(ovs_pps=round(per_core), nic_pps=round(nic["pps"]), cores=cpu_count(), mtu=mtu,
                     ovs_wakeup_s=round(wakeup_s, 7), details=details)
+
+
+# --------------------------------------------------------------------------- the kernel datapath
+
+
+def kernel_time(times: dict[str, float]) -> float:
+    """Kernel CPU seconds of a softirq.cpu_seconds result: softirq (with irq) and system time,
+    since a softirq run on a sender's way out of its syscall may be charged to either."""
+    return times["softirq"] + times["system"]
+
+
+def kernel_hop_cost(bridge_s: float, bridge_frames: int, direct_s: float, direct_frames: int) -> float:
+    """Kernel CPU seconds one switch hop of the kernel datapath adds per frame: per frame through
+    the bridge (two veth crossings and OVS) less per frame over the direct pair (one crossing),
+    at least MIN_HOP_SHARE of the former (tick-granular counts of a short blast can make the
+    difference small or negative)."""
+    if bridge_frames <= 0 or bridge_s <= 0:
+        raise ProbeError("no kernel CPU time or no frames counted through the probe bridge")
+    through = bridge_s / bridge_frames
+    direct = direct_s / direct_frames if direct_frames > 0 else 0.0
+    return max(through - direct, MIN_HOP_SHARE * through)
+
+
+def _kernel_time_during(run) -> tuple[dict, dict[str, float]]:
+    """(what run() returned, softirq and system CPU seconds over all CPUs meanwhile)."""
+    before = softirq.read_proc_stat()
+    result = run()
+    return result, softirq.cpu_seconds(before, softirq.read_proc_stat())
+
+
+def measure_kernel(mtu: int) -> Capacity:
+    """measure() on OVS's kernel datapath: the probe bridge is a `system` one and the figure is
+    frames per second of the kernel CPU time a hop adds (see the module doc). No wakeup cost: no
+    thread polls."""
+    usable, why = ovs_datapath.probe_module()
+    if not usable:
+        raise ProbeError(f"the kernel datapath: {why}")
+    lock = RunLock()
+    if not lock.acquire():
+        raise ProbeError("a fabric-emu run is in progress: cannot measure this machine now")
+    try:
+        clean_stale()
+        with ProbeNet(mtu, "kernel") as net:
+            direct, direct_t = _kernel_time_during(lambda: net.udp_blast("10.254.1.2", DIRECT_S, port=5302))
+            ovs, ovs_t = _kernel_time_during(lambda: net.udp_blast(ADDRS[1], BLAST_S))
+        nic = nic_capacity.nic_capacity_pps(payload=roce_path_mtu(mtu))
+    finally:
+        lock.release()
+    hop = kernel_hop_cost(kernel_time(ovs_t), ovs["received"], kernel_time(direct_t), direct["received"])
+    details = {
+        "ovs": {"datapath": "kernel", "forwarded_pps": round(ovs["received_pps"]),
+                "offered_pps": round(ovs["sent_pps"]), "frame_bytes": ovs["frame_bytes"], "seconds": BLAST_S,
+                "softirq_s": round(ovs_t["softirq"], 3), "system_s": round(ovs_t["system"], 3),
+                "direct_softirq_s": round(direct_t["softirq"], 3), "direct_system_s": round(direct_t["system"], 3),
+                "hop_us": round(hop * 1e6, 2)},
+        "direct_veth": {"received_pps": round(direct["received_pps"]), "sent_pps": round(direct["sent_pps"])},
+        "nic": {**nic, "pps": round(nic["pps"])},
+    }
+    return Capacity(ovs_pps=round(1 / hop), nic_pps=round(nic["pps"]), cores=cpu_count(), mtu=mtu,
+                    details=details, datapath="kernel")

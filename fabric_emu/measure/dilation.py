@@ -45,6 +45,9 @@ class Capacity:
     mtu: int
     ovs_wakeup_s: float = 0.0  # OVS CPU per frame when frames arrive one by one (0: unknown)
     details: dict = field(default_factory=dict, compare=False)
+    # Which OVS datapath ovs_pps is of: the userspace one's thread, or the kernel's softirq
+    # time per core (fabric_emu.measure.capacity). Either is taken as one core's worth.
+    datapath: str = "userspace"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -52,7 +55,7 @@ class Capacity:
     @classmethod
     def from_dict(cls, d: dict) -> "Capacity":
         return cls(float(d["ovs_pps"]), float(d["nic_pps"]), int(d["cores"]), int(d["mtu"]),
-                   float(d.get("ovs_wakeup_s", 0.0)), d.get("details", {}))
+                   float(d.get("ovs_wakeup_s", 0.0)), d.get("details", {}), d.get("datapath", "userspace"))
 
 
 @dataclass(frozen=True)
@@ -184,7 +187,7 @@ def explain(planned: PlannedLoad, capacity: Capacity, dilation: int, margin: flo
                                 "nic_pps": round(planned.nic_pps / dilation)},
         "capacity": {"ovs_pps_per_core": round(capacity.ovs_pps), "nic_pps_per_core": round(capacity.nic_pps),
                      "cores": capacity.cores, "mtu": capacity.mtu,
-                     "ovs_wakeup_us": round(capacity.ovs_wakeup_s * 1e6, 1)},
+                     "ovs_wakeup_us": round(capacity.ovs_wakeup_s * 1e6, 1), "datapath": capacity.datapath},
         "utilisation": {k: round(v, 4) for k, v in use.items()},
         "engines": engine_count(len(planned.host_pps), capacity.cores),
         "ovs_cores": round(ovs_cores(planned, capacity, dilation), 2),

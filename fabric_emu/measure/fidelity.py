@@ -6,13 +6,21 @@ datapath's netdev ports; the controller; the PFC daemon; the NIC engines, which 
 watch() as they start). One saturated thread is a bottleneck however idle the other cores are.
 OVS's forwarding thread counts as saturated only while its output batches also show it behind
 (fabric_emu.measure.ovs_stats: its CPU time alone does not).
+
+On OVS's kernel datapath no thread forwards: the kernel does, in softirq (fabric_emu.measure.
+softirq). There the monitor samples every CPU's softirq share instead, and the kernel datapath's
+lookup counters (`ovs-dpctl show`: lost upcalls are packets dropped before any switch counted
+them); ovs-vswitchd is still watched, as any other process (its handlers take the upcalls).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 
+from fabric_emu.kernel.ovs_datapath import dpctl_stats
+from fabric_emu.measure import softirq
 from fabric_emu.measure.ovs_stats import BEHIND_BATCH, BatchSampler
 from fabric_emu.measure.sampling import Sampler
 from fabric_emu.measure.thread_cpu import THREAD_SATURATED, ThreadWatch, busiest_per_label, ovs_vswitchd_pid
@@ -20,6 +28,9 @@ from fabric_emu.measure.thread_cpu import THREAD_SATURATED, ThreadWatch, busiest
 CPU_SATURATED = 0.95  # busy fraction of all cores above which a sample counts as saturated
 SATURATED_SAMPLES = 0.2  # saturated in more samples than this: the run is not trusted
 TOP_THREADS = 8  # labels listed in summary.json's cpu.threads (busiest first)
+# A CPU this much in softirq in a sample is the kernel datapath's bottleneck. A first figure,
+# to be checked against runs in a VM with the module (none on our CI kernel).
+SOFTIRQ_SATURATED = 0.9
 
 
 def _cpu_times() -> tuple[int, int]:
@@ -37,7 +48,7 @@ class CpuMonitor(Sampler):
     else that starts later registers with watch(pid, label)."""
 
     def __init__(self, interval_s: float = 0.5, processes: dict[int, str] | None = None,
-                 ovs: bool = True) -> None:
+                 ovs: bool = True, datapath: str = "userspace") -> None:
         self.interval_s = interval_s
         self.samples: list[float] = []
         self.threads = ThreadWatch()
@@ -47,6 +58,13 @@ class CpuMonitor(Sampler):
         self._batches: BatchSampler | None = None
         self.ovs_batches: list[float] = []  # OVS main thread's avg output batch, per sample
         self.ovs_packets = self.ovs_upcalls = 0  # what its flow cache saw over the whole phase
+        self.datapath = datapath
+        self.softirq_max: list[float] = []  # kernel datapath: the busiest CPU's softirq share, per sample
+        self._stat0: softirq.CpuTimes | None = None  # /proc/stat at the start and end of the phase
+        self._stat1: softirq.CpuTimes | None = None
+        self._dp0: dict | None = None  # the kernel datapath's lookup counters, the same
+        self._dp1: dict | None = None
+        self._seconds = 0.0
 
     def watch(self, pid: int, label: str) -> None:
         """Sample every thread of this process from now on (cheap: call it for each of 128
@@ -54,11 +72,17 @@ class CpuMonitor(Sampler):
         self.threads.watch(pid, label)
 
     def ticks(self) -> Iterator[None]:
+        kernel = self.datapath == "kernel"
         if self._ovs and (pid := ovs_vswitchd_pid()) is not None:
             self.watch(pid, "ovs-vswitchd")
-            self._ovs_pid, self._batches = pid, BatchSampler(pid)
+            if not kernel:  # its main thread forwards only on the userspace datapath
+                self._ovs_pid, self._batches = pid, BatchSampler(pid)
         for pid, label in self._initial.items():
             self.watch(pid, label)
+        if kernel:
+            self._dp0 = dpctl_stats()
+            self._stat0 = stat = softirq.read_proc_stat()
+            self._t0 = time.monotonic()
         busy0, total0 = _cpu_times()
         while True:
             yield
@@ -68,6 +92,41 @@ class CpuMonitor(Sampler):
             busy0, total0 = busy1, total1
             self.threads.sample()
             self._sample_ovs_batches()
+            if kernel:
+                now = softirq.read_proc_stat()
+                per_cpu = softirq.shares(stat, now)
+                if per_cpu:
+                    self.softirq_max.append(max(c.softirq for c in per_cpu.values()))
+                stat = now
+
+    def __exit__(self, *exc) -> None:
+        super().__exit__(*exc)
+        if self._stat0 is not None:  # the whole phase, for the kernel datapath's totals
+            self._stat1, self._seconds = softirq.read_proc_stat(), time.monotonic() - self._t0
+            self._dp1 = dpctl_stats()
+
+    def kernel_datapath(self) -> dict | None:
+        """What the kernel datapath cost over the phase: the busiest CPU's softirq share per
+        sample (mean, max, and the fraction of samples at SOFTIRQ_SATURATED or above), softirq
+        and system CPU seconds over all CPUs (also per second: cores' worth), and its lookups."""
+        if self._stat0 is None or self._stat1 is None:
+            return None
+        secs = softirq.cpu_seconds(self._stat0, self._stat1)
+        n = len(self.softirq_max)
+        lookups = None
+        if self._dp0 is not None and self._dp1 is not None:
+            lookups = {k: self._dp1[k] - self._dp0[k] for k in ("hit", "missed", "lost")}
+        return {
+            "softirq_busiest_cpu_mean": round(sum(self.softirq_max) / n, 3) if n else None,
+            "softirq_busiest_cpu_max": round(max(self.softirq_max), 3) if n else None,
+            "softirq_saturated_fraction": round(sum(x >= SOFTIRQ_SATURATED for x in self.softirq_max) / n, 3)
+                                          if n else None,
+            "saturated_at": SOFTIRQ_SATURATED,
+            "softirq_cpu_s": round(secs["softirq"], 3), "system_cpu_s": round(secs["system"], 3),
+            "softirq_cores": round(secs["softirq"] / self._seconds, 3) if self._seconds > 0 else None,
+            "system_cores": round(secs["system"] / self._seconds, 3) if self._seconds > 0 else None,
+            "lookups": lookups,
+        }
 
     def _sample_ovs_batches(self) -> None:
         """Mark OVS's forwarding (main) thread behind or not in the sample just taken."""
@@ -89,6 +148,8 @@ class CpuMonitor(Sampler):
         rows = self.threads.rows()
         threads = {
             "cores": os.cpu_count(), "interval_s": self.interval_s, "samples": self.threads.samples,
+            "datapath": self.datapath,
+            **({"kernel_datapath": self.kernel_datapath()} if self.datapath == "kernel" else {}),
             "watched": sorted(set(self.threads.labels.values()) | {r["label"] for r in rows}),
             "ovs_output_batch": ({"mean": round(sum(self.ovs_batches) / len(self.ovs_batches), 2),
                                   "max": round(max(self.ovs_batches), 2), "behind_at": BEHIND_BATCH}
@@ -127,6 +188,7 @@ def verdict(cpu: dict, late_fractions: list[float], unexplained_loss: int = 0) -
     sat = cpu.get("cpu_saturated_fraction")
     if sat is not None and sat > SATURATED_SAMPLES:
         warnings.append(f"CPU saturated in {sat:.0%} of samples: raise the dilation")
+    warnings += kernel_datapath_warnings(cpu.get("kernel_datapath"))
     for t in cpu.get("saturated_threads") or []:
         behind = ", packets waiting at every poll" if "busy_saturated_fraction" in t else ""
         warnings.append(f"{t['label']} thread {t['thread']} (tid {t['tid']}) saturated in "
@@ -140,3 +202,21 @@ def verdict(cpu: dict, late_fractions: list[float], unexplained_loss: int = 0) -
                         f"{max(late):.0%} of their wake-ups: the NICs, not the fabric, may have "
                         "limited the rate")
     return warnings
+
+
+def kernel_datapath_warnings(kd: dict | None) -> list[str]:
+    """The kernel datapath's reasons not to trust a run: a CPU saturated with softirq work, and
+    upcalls it lost (each a packet dropped where no switch counter sees it)."""
+    if not kd:
+        return []
+    out = []
+    sat = kd.get("softirq_saturated_fraction")
+    if sat is not None and sat > SATURATED_SAMPLES:
+        out.append(f"a CPU spent >= {kd['saturated_at']:.0%} of its time in softirq (the kernel "
+                   f"datapath's forwarding) in {sat:.0%} of samples: raise the dilation")
+    lost = (kd.get("lookups") or {}).get("lost")
+    if lost:
+        out.append(f"OVS's kernel datapath lost {lost} upcall(s) (ovs-dpctl show): packets dropped "
+                   "before any switch counter; if every upcall is lost, ovs-vswitchd may have no "
+                   "handler threads (restart it with the datapath present: scripts/setup.sh)")
+    return out

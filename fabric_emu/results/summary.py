@@ -9,6 +9,7 @@ the configuration echoed back.
 
 from __future__ import annotations
 
+from fabric_emu.kernel.ovs_datapath import datapath_fields
 from fabric_emu.results.jobs import jobs_section, ring_section
 from fabric_emu.results.routing import routing_section
 from fabric_emu.results.switch import reaction_summary, switch_section
@@ -58,6 +59,7 @@ def run_section(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], state:
         "ranks": len(ranks),
         **({"size_bytes": w.size} if w is not None and hasattr(w, "size") else {}),
         "dilation": plan.dilation,
+        **datapath_fields(plan.extra),
         "host_link_gbps": spec.topology.host_link.gbps,
     }
     if state.get("error"):

@@ -106,7 +106,14 @@ def summary_rows(s: dict) -> list[Row]:
     fid = s.get("fidelity", {})
     if fid.get("cpu_busy_max") is not None:
         add("CPU busy (mean / max)", f"{fid['cpu_busy_mean']:.0%} / {fid['cpu_busy_max']:.0%}", "")
-    for th in s.get("cpu", {}).get("threads", [])[:3]:
+    threads = s.get("cpu", {}).get("threads", [])
+    if kd := s.get("cpu", {}).get("kernel_datapath"):
+        # No thread forwards on the kernel datapath: its figure is the busiest CPU's softirq.
+        if kd.get("softirq_busiest_cpu_max") is not None:
+            add("kernel datapath: busiest CPU in softirq",
+                f"{kd['softirq_busiest_cpu_mean']:.0%} / {kd['softirq_busiest_cpu_max']:.0%} of a core", "")
+        threads = [th for th in threads if th["label"] != "ovs-vswitchd"]
+    for th in threads[:3]:
         add(f"busiest thread: {th['label']} ({th['thread']})",
             f"{th['busy_mean']:.0%} / {th['busy_max']:.0%} of a core", "")
     return rows
@@ -145,6 +152,9 @@ def print_summary(out: Console, s: dict, run_dir: Path) -> None:
         out.print(f"[yellow]fidelity warning:[/] {w}", soft_wrap=True)
     for n in fid.get("notes", []):
         out.print(f"note: {n}", soft_wrap=True)
+    if s.get("datapath"):
+        out.print(f"OVS datapath: {s['datapath']} ({s.get('datapath_reason', '')})", soft_wrap=True,
+                  highlight=False, markup=False)
     if auto := s.get("dilation_auto"):
         out.print(f"dilation {s['dilation']:g} was chosen automatically: {auto.get('reason', '')}",
                   soft_wrap=True, highlight=False)

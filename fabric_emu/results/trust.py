@@ -34,6 +34,8 @@ def trust_section(spec: ExperimentSpec, cpu: dict, agents: dict[str, dict], port
         note = (f"{unexplained} packet(s) were lost where no switch counter saw them: on the "
                 "link(s) taken down, with what their queues held (RC resent them)")
     machine = {k: v for k, v in cpu.items() if k.startswith("cpu_")}
+    if kd := cpu.get("kernel_datapath"):  # no forwarding thread: the busiest CPU's softirq share
+        machine["kernel_datapath_softirq_max"] = kd.get("softirq_busiest_cpu_max")
     out: dict = {"fidelity": {**machine, "nic_engine_late_wakes_max": max(late.values()) if late else None,
                               "trusted": not warnings, "warnings": warnings,
                               "notes": [note] if note else []}}
@@ -56,9 +58,12 @@ def cpu_section(cpu: dict) -> dict:
     """summary.json's `cpu`: the machine (busy_mean, busy_max, saturated_fraction of all
     cores), `threads`, the busiest thread of each watched process (busy fractions of one
     core), busiest first, OVS's average output batch (packets waiting at each poll) and its
-    flow cache's packets and upcalls over the run."""
+    flow cache's packets and upcalls over the run; on the kernel datapath, `kernel_datapath`
+    (fabric_emu.measure.fidelity.CpuMonitor.kernel_datapath) instead of the last two."""
     return {"cores": cpu.get("cores"), "samples": cpu.get("samples"), "interval_s": cpu.get("interval_s"),
             "busy_mean": cpu.get("cpu_busy_mean"), "busy_max": cpu.get("cpu_busy_max"),
             "saturated_fraction": cpu.get("cpu_saturated_fraction"),
             "watched": cpu.get("watched", []), "threads": cpu.get("threads", []),
-            "ovs_output_batch": cpu.get("ovs_output_batch"), "ovs_datapath": cpu.get("ovs_datapath")}
+            "ovs_output_batch": cpu.get("ovs_output_batch"), "ovs_datapath": cpu.get("ovs_datapath"),
+            **({"datapath": cpu["datapath"]} if "datapath" in cpu else {}),
+            **({"kernel_datapath": cpu["kernel_datapath"]} if "kernel_datapath" in cpu else {})}

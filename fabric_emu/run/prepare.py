@@ -1,10 +1,13 @@
 """Prepare a run: load an experiment and check it against its plan (names of hosts, ports and
-links that only the plan knows), resolve `dilation: auto` and derive the default timeout."""
+links that only the plan knows), resolve `datapath: auto` and `dilation: auto` and derive the
+default timeout."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from fabric_emu.kernel import ovs_datapath
+from fabric_emu.kernel.ovs_datapath import DatapathUnavailable
 from fabric_emu.spec.errors import SpecError
 from fabric_emu.spec.experiment import ExperimentSpec
 from fabric_emu.spec.load import load_experiment
@@ -17,17 +20,33 @@ from fabric_emu.workloads.flows import agent_hosts, unknown_hosts, workload_flow
 DEFAULT_TIMEOUT_BASE_S = 30.0
 
 
-def load_checked(path: Path, sets: list[str], measure: bool = False):
+def load_checked(path: Path, sets: list[str], measure: bool = False,
+                 probe: ovs_datapath.Probe = ovs_datapath.probe_module):
     """Load an experiment and check names that need the plan (hosts, links, capture ports).
 
-    `dilation: auto` is resolved here, from this machine's cached capacity; `measure` allows
-    measuring it when there is no cache (root, about 10 s; see fabric_emu.measure.capacity)."""
-    return check_spec(load_experiment(path, sets), str(path), measure)
+    `datapath` is resolved here (probe: whether openvswitch.ko is usable), and `dilation: auto`,
+    from this machine's cached capacity on that datapath; `measure` allows measuring it when
+    there is no cache (root, about 10 s; see fabric_emu.measure.capacity)."""
+    return check_spec(load_experiment(path, sets), str(path), measure, probe)
 
 
-def check_spec(spec: ExperimentSpec, path: str, measure: bool = False):
+def resolve_datapath(spec: ExperimentSpec, path: str,
+                     probe: ovs_datapath.Probe = ovs_datapath.probe_module) -> ovs_datapath.DatapathChoice:
+    """The datapath this run's switches get; `datapath: kernel` that cannot be had is bad input
+    (one line, nothing created)."""
+    try:
+        return ovs_datapath.choose(spec.datapath, probe)
+    except DatapathUnavailable as e:
+        raise SpecError([(path, "datapath", f"kernel: the openvswitch module cannot load on this machine ({e});"
+                                            " allowed here: auto, userspace")]) from None
+
+
+def check_spec(spec: ExperimentSpec, path: str, measure: bool = False,
+               probe: ovs_datapath.Probe = ovs_datapath.probe_module):
     """load_checked's checks of a spec already validated (from a file or a dict, named `path` in
-    errors): (spec with dilation and timeout resolved, plan, ranks)."""
+    errors): (spec with dilation and timeout resolved, plan, ranks); the plan's
+    extra["datapath"] says which datapath and why."""
+    choice = resolve_datapath(spec, path, probe)
     auto = spec.topology.dilation == "auto"
     plan = build_plan(spec.topology, dilation=1.0 if auto else None)
     links = {frozenset((ln.a, ln.b)) for ln in plan.links if ln.kind == "fabric"}
@@ -67,7 +86,8 @@ def check_spec(spec: ExperimentSpec, path: str, measure: bool = False):
     if auto:
         from fabric_emu.measure.capacity import resolve_auto
 
-        spec, plan = resolve_auto(spec, plan, ranks, measure)
+        spec, plan = resolve_auto(spec, plan, ranks, measure, choice.datapath)
+    plan.extra["datapath"] = choice.to_dict()
     if spec.timeout is None:
         if program is not None:
             line_rate_s = jobs.line_rate_s(program, plan.host_rate_bps(ranks[0]), plan.dilation)

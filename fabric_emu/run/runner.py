@@ -28,6 +28,7 @@ from fabric_emu.state.cleanup import clean_record, clean_stale
 from fabric_emu.spec.experiment import ExperimentSpec
 from fabric_emu.spec.load import resolved_dict
 from fabric_emu.measure.fidelity import CpuMonitor
+from fabric_emu.kernel.ovs_datapath import datapath_fields, datapath_of
 from fabric_emu.live.manifest import LiveManifest
 from fabric_emu.live.publish import RunPublisher, live_ports, manifest_path
 from fabric_emu.topo.plan import FabricPlan
@@ -178,7 +179,8 @@ class Runner:
             "start": results.iso(started), "end": results.iso(ended),
             "phases_s": {k: round(v, 3) for k, v in self.times.items()},
             "nic_engines": self.nic_info,
-            "dilation": self.plan.dilation, "status": summary["status"], "error": summary.get("error"),
+            "dilation": self.plan.dilation, **datapath_fields(self.plan.extra),
+            "status": summary["status"], "error": summary.get("error"),
         })
         if traffic.get("ports"):
             results.write_csv(run_dir / "ports.csv", [p.row(self.plan.dilation) for p in traffic["ports"]])
@@ -277,7 +279,7 @@ class Runner:
             background.start(go)
             progress.start(go)
 
-        with CpuMonitor(processes=self._watched()) as cpu, counters.QueueSampler(
+        with CpuMonitor(processes=self._watched(), datapath=datapath_of(self.plan.extra)) as cpu, counters.QueueSampler(
                 self.plan, lossless.backlogs_now, lossless.paused_now) as queues, progress:
             try:  # the NIC engines register with cpu.watch as they start
                 agents = run_agents(self.spec, self.plan, self.ranks, self.routed.fabric, record,

@@ -25,6 +25,9 @@ def print_plan(out: Console, plan: FabricPlan, exp: ExperimentSpec | None, ranks
               f"{format_rate(fabric.emulated_bps * plan.dilation)} / {format_rate(fabric.emulated_bps)}; "
               f"oversubscription {tiers_text(plan)}; MTU {plan.mtu} (RoCE {plan.roce_mtu}); "
               f"port buffer {plan.port_buffer} B")
+    if dp := plan.extra.get("datapath"):
+        out.print(f"OVS datapath: {dp['datapath']} ({dp['reason']})", soft_wrap=True, highlight=False,
+                  markup=False)
     if "dilation_auto" in plan.extra:
         print_dilation_auto(out, plan.extra["dilation_auto"])
 
@@ -162,7 +165,7 @@ def print_dilation_auto(out: Console, auto: dict) -> None:
     lines = [
         f"dilation auto: {d:g}, the lowest of 1, 2, 5 x 10^k keeping each part of this machine at most "
         f"{auto['margin']:.0%} busy (planned at dilation 1 -> at {d:g}, against the measured capacity):",
-        f"  OVS switching, one thread: {planned['switch_pps']:,} -> {at_d['switch_pps']:,} frame-hops/s, "
+        f"  OVS switching, {'kernel datapath (softirq), taken as one core' if cap.get('datapath') == 'kernel' else 'one thread'}: {planned['switch_pps']:,} -> {at_d['switch_pps']:,} frame-hops/s, "
         f"of {cap['ovs_pps_per_core']:,}/s per core: {use['ovs']:.0%}",
         f"  NIC engines, {auto['engines']} on {cap['cores']} cores less OVS's {auto['ovs_cores']:g}: "
         f"{planned['nic_pps']:,} -> {at_d['nic_pps']:,} packets/s sent + received, "
@@ -173,7 +176,11 @@ def print_dilation_auto(out: Console, auto: dict) -> None:
         out.print(line, soft_wrap=True, highlight=False, markup=False)
     ovs = auto.get("capacity_details", {}).get("ovs", {})
     nic = auto.get("capacity_details", {}).get("nic", {})
-    if ovs:
+    if ovs.get("datapath") == "kernel":
+        out.print(f"  OVS kernel datapath: {ovs['forwarded_pps']:,} frames/s of {ovs['frame_bytes']} B forwarded "
+                  f"(offered {ovs['offered_pps']:,}/s), {ovs['hop_us']:g} us of kernel CPU (softirq and system) "
+                  "per frame and hop", soft_wrap=True, highlight=False, markup=False)
+    elif ovs:
         out.print(f"  OVS: {ovs['forwarded_pps']:,} frames/s of {ovs['frame_bytes']} B forwarded by thread "
                   f"{ovs['thread']} at {ovs['thread_busy']:.0%} busy (offered {ovs['offered_pps']:,}/s"
                   f"{'; the generator may have limited it' if ovs.get('generator_limited') else ''}); "

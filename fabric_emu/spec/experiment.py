@@ -48,6 +48,10 @@ class ExperimentSpec(Strict):
     dlb: DlbSpec = Field(default=DlbSpec(), description="flowlet switching (load_balancing: dlb)")
     events: list[EventSpec] = Field(default_factory=list, max_length=1000,
                                     description="changes during the run, at modelled times from the start of traffic")
+    datapath: Literal["auto", "kernel", "userspace"] = Field(
+        default="auto", description="Open vSwitch's datapath for the switches: kernel (openvswitch.ko, "
+                                    "forwarding in softirq), userspace (ovs-vswitchd's thread) or auto (the "
+                                    "kernel's when the openvswitch module is loaded or loads, else userspace)")
 
     @field_validator("load_balancing")
     @classmethod

@@ -159,10 +159,10 @@ def test_auto_without_a_cache_is_provisional_and_with_one_is_chosen(tmp_path: Pa
     s = spec({"type": "allreduce", "size": "8MB"})
     plan1 = build_plan(s.topology, dilation=1.0)
     ranks = [h.name for h in plan1.hosts]
-    monkeypatch.setattr(capacity, "cached", lambda mtu: None)
+    monkeypatch.setattr(capacity, "cached", lambda mtu, **kw: None)
     s2, plan = capacity.resolve_auto(s, plan1, ranks, measure=False)
     assert plan.extra["dilation_auto"]["dilation"] is None and plan.dilation == capacity.PROVISIONAL_DILATION
-    monkeypatch.setattr(capacity, "cached", lambda mtu: CAP)
+    monkeypatch.setattr(capacity, "cached", lambda mtu, **kw: CAP)
     s2, plan = capacity.resolve_auto(s, plan1, ranks, measure=False)
     assert s2.topology.dilation == plan.dilation == 2000 and plan.extra["dilation_auto"]["dilation"] == 2000
     assert plan.host_rate_bps("h1") == 100e9 / 2000
@@ -194,7 +194,7 @@ def test_show_prints_the_chosen_dilation_and_the_figures_behind_it(spec_dir: Pat
     state = spec_dir / "state"
     state.mkdir()
     capacity.store(CAP, state / "capacity.json", capacity.machine_key())  # measured before
-    r = fabric_emu(["show", "exp.yaml", "--set", "topology.dilation=auto"], spec_dir)
+    r = fabric_emu(["show", "exp.yaml", "--set", "topology.dilation=auto", "--set", "datapath=userspace"], spec_dir)
     assert r.returncode == 0, r.stderr
     assert "dilation auto: 2000" in r.stdout and "dilation 2000" in r.stdout
     assert "-> 25,480 frame-hops/s, of 100,000/s per core: 25%" in r.stdout
@@ -210,7 +210,7 @@ def test_show_without_a_measurement_says_it_is_provisional():
     ranks = [h.name for h in plan1.hosts]
     import unittest.mock as mock
 
-    with mock.patch.object(capacity, "cached", lambda mtu: None):
+    with mock.patch.object(capacity, "cached", lambda mtu, **kw: None):
         s, plan = capacity.resolve_auto(s, plan1, ranks, measure=False)
     out = Console(record=True, width=200)
     print_plan(out, plan, s, ranks)
