@@ -8,7 +8,8 @@ L2 switches cannot make hosts reachable without a controller or STP: the baselin
 "bridges and links up", which flatters it.
 
 Runs both alternately (default 3 rounds) and prints medians and ratios. Needs root.
-  sudo .venv/bin/python benchmarks/startup.py [--rounds N] [--spines 4 --leaves 8 --hosts 4] [--smoke]
+  sudo .venv/bin/python benchmarks/startup.py [--rounds N] [--spines 4 --leaves 8 --hosts 4]
+       [--datapath userspace|kernel] [--smoke]
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from mininet.log import setLogLevel
 from mininet.net import Mininet
 from mininet.node import OVSSwitch
 
+from fabric_emu.kernel import ovs_datapath
 from fabric_emu.state.cleanup import clean_record
 from fabric_emu.spec.topology import TopologySpec
 from fabric_emu.fabric.build import PlanTopo
@@ -55,8 +57,10 @@ def fabric_emu_round(plan: FabricPlan) -> tuple[float, float]:
 
 
 def mininet_round(plan: FabricPlan) -> tuple[float, float]:
+    datapath = ovs_datapath.datapath_of(plan.extra)
+
     def switch(name: str, **params) -> OVSSwitch:
-        return OVSSwitch(name, datapath="user", failMode="secure", **params)
+        return OVSSwitch(name, datapath=ovs_datapath.MININET_DATAPATH[datapath], failMode="secure", **params)
 
     t0 = time.monotonic()
     net = Mininet(topo=PlanTopo(plan=plan), switch=switch, controller=None, autoSetMacs=False)
@@ -73,6 +77,8 @@ def main() -> int:
     ap.add_argument("--spines", type=int, default=4)
     ap.add_argument("--leaves", type=int, default=8)
     ap.add_argument("--hosts", type=int, default=4)
+    ap.add_argument("--datapath", choices=("userspace", "kernel"), default="userspace",
+                    help="Open vSwitch datapath of both sides (kernel: needs the openvswitch module)")
     args = parse_args(ap, rounds=1, spines=2, leaves=2, hosts=1)
     if os.geteuid() != 0:
         print("needs root", file=sys.stderr)
@@ -80,6 +86,13 @@ def main() -> int:
     setLogLevel("error")
     plan = build_plan(TopologySpec(name="bench", kind="leaf-spine", spines=args.spines,
                                    leaves=args.leaves, hosts_per_leaf=args.hosts))
+    try:
+        plan.extra["datapath"] = ovs_datapath.choose(args.datapath).to_dict()
+    except ovs_datapath.DatapathUnavailable as e:
+        print(f"error: --datapath kernel: {e}", file=sys.stderr)
+        return 2
+    if args.datapath == "kernel":
+        ovs_datapath.prepare("kernel")  # the raw Mininet side runs first: the datapath before its bridges
     lock = RunLock()
     if not lock.acquire():
         print("another fabric-emu run is in progress", file=sys.stderr)
@@ -93,7 +106,7 @@ def main() -> int:
     finally:
         lock.release()
     med = lambda xs, i: statistics.median(x[i] for x in xs)  # noqa: E731
-    print(f"fabric {args.spines}x{args.leaves}x{args.hosts}: {len(plan.switches)} switches, "
+    print(f"fabric {args.spines}x{args.leaves}x{args.hosts} on the {args.datapath} datapath: {len(plan.switches)} switches, "
           f"{len(plan.hosts)} hosts, {len(plan.links)} links; median of {args.rounds} rounds")
     print(f"{'':28}{'start (s)':>10}{'stop (s)':>10}")
     print(f"{'raw Mininet + plain OVS':28}{med(raw, 0):10.2f}{med(raw, 1):10.2f}")

@@ -25,6 +25,9 @@ EXPECTED: dict[str, tuple[list[str], float]] = {
                   for mode in ("ecmp", "spray", "dlb")], 400),
     "program_driver": ([rf"ratio program/ring driver: NIC per packet {NUMBER}$"], 300),
     "versus": ([rf"ratios this/earlier: OVS per packet {NUMBER}, NIC per packet {NUMBER}$"], 300),
+    # Here only the userspace datapath (no openvswitch module); the lab VM has both.
+    "datapaths": ([rf"^quickstart: both, per switch packet \(us\) +{NUMBER}",
+                   r"^lowest trusted quickstart dilation +(\d+|none)"], 300),
 }
 
 
