@@ -9,7 +9,10 @@ For each datapath, on the same machine, one after the other:
 * the quickstart's lowest trusted dilation: the quickstart at falling dilations until it is
   no longer trusted by its own fidelity check or stops reaching 0.93 of the link rate;
 * start-up and teardown against raw Mininet on the same datapath (benchmarks/startup.py's
-  rounds, on a smaller fabric).
+  rounds, on a smaller fabric);
+* the shipped scenarios at dilation auto, each with its verdict: the PFC incast (lossless,
+  pauses spread upstream), the ECMP collision (spray and DLB beat ECMP), a link failure in the
+  middle of a ring (rerouted, completes).
 
 Needs both datapaths, so a kernel with Open vSwitch's module: run it in the lab VM,
   sudo scripts/vm/run.sh --timeout 5400 -- .venv/bin/python benchmarks/datapaths.py
@@ -42,8 +45,10 @@ def ovs_cpu_s() -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime, all threads
 
 
-def quickstart(datapath: str, dilation: float, size: str | None) -> tuple[dict, dict]:
-    """One quickstart run on this datapath at this dilation, through fabric_emu.api: its summary,
+def quickstart(datapath: str, dilation: float | str, size: str | None, experiment: str = "quickstart",
+               **more: str) -> tuple[dict, dict]:
+    """One run of an experiment (the quickstart) on this datapath at this dilation, through
+    fabric_emu.api, with more --set overrides: its summary,
     and the CPU the switching cost from GO to the end of the traffic: ovs-vswitchd's process
     time and the machine's kernel time (softirq, irq, system; the kernel datapath's, and on
     both datapaths the veths' and the NIC engines' system calls)."""
@@ -58,8 +63,9 @@ def quickstart(datapath: str, dilation: float, size: str | None) -> tuple[dict, 
         elif event.phase == "tear_down" and "end" not in marks:
             marks["end"] = (softirq.read_proc_stat(), ovs_cpu_s())
 
-    sets = {"datapath": datapath, "topology.dilation": f"{dilation:g}", **({"workload.size": size} if size else {})}
-    exp = Experiment.from_file(REPO / "experiments/quickstart.yaml").override(sets)
+    sets = {"datapath": datapath, "topology.dilation": dilation if isinstance(dilation, str) else f"{dilation:g}",
+            **({"workload.size": size} if size else {}), **more}
+    exp = Experiment.from_file(REPO / f"experiments/{experiment}.yaml").override(sets)
     with tempfile.TemporaryDirectory(prefix="fabric-emu-dp-") as out:
         try:
             s = exp.run(out, progress=on, quiet=True).summary
@@ -96,6 +102,35 @@ def lowest_trusted(datapath: str, ladder: list[float], size: str | None) -> tupl
     return best, per_packet
 
 
+def trusted(s: dict) -> bool:
+    return s.get("status") == "ok" and not s.get("fidelity", {}).get("warnings")
+
+
+def scenarios(datapath: str) -> list[tuple[str, bool, str]]:
+    """The shipped scenarios at dilation auto, each with its verdict: (what, held, figures)."""
+    out = []
+    s, _ = quickstart(datapath, "auto", None, "incast")
+    sw = s.get("switch", {})
+    out.append(("PFC incast: lossless, pauses spread upstream",
+                trusted(s) and sw.get("lossless_drops") == 0 and sw.get("pause_rx", 0) > 0,
+                f"{s.get('status')}, dilation {s.get('dilation')}, lossless drops {sw.get('lossless_drops')},"
+                f" pauses sent/received by switches {sw.get('pause_tx')}/{sw.get('pause_rx')}"))
+    jct = {}
+    for mode in ("ecmp", "spray", "dlb"):
+        s, _ = quickstart(datapath, "auto", None, "ecmp-collision", load_balancing=mode)
+        jct[mode] = s.get("jct_fabric_s") if trusted(s) else None
+    beat = all(jct[m] and jct["ecmp"] and jct[m] < jct["ecmp"] for m in ("spray", "dlb"))
+    out.append(("ECMP collision: spray and DLB beat ECMP", beat,
+                ", ".join(f"{m} {jct[m] * 1e6:,.0f} us" if jct[m] else f"{m} not trusted" for m in jct)))
+    s, _ = quickstart(datapath, "auto", None, "link-failure")
+    moved = (s.get("failover") or [{}])[0]
+    out.append(("link failure mid-ring: rerouted, completes", trusted(s) and bool(moved.get("rerouted")),
+                f"{s.get('status')}, busbw {s.get('busbw_fraction') or 0:.3f}, failover {moved.get('failover_s')} s"))
+    for what, held, figures in out:
+        print(f"  {datapath:9} {what}: {'yes' if held else 'NO'} ({figures})", flush=True)
+    return out
+
+
 def startup(datapath: str, rounds: int, shape: tuple[int, int, int]) -> str:
     r = subprocess.run([sys.executable, str(REPO / "benchmarks/startup.py"), "--rounds", str(rounds),
                         "--datapath", datapath, "--spines", str(shape[0]), "--leaves", str(shape[1]),
@@ -109,8 +144,10 @@ def main() -> int:
                     help="dilations to try, highest first")
     ap.add_argument("--size", default=None, help="the quickstart's workload.size (default: its own)")
     ap.add_argument("--startup-rounds", type=int, default=3)
+    ap.add_argument("--scenarios", action=argparse.BooleanOptionalAction, default=True,
+                    help="also the incast, ECMP collision and link failure at dilation auto on each")
     ap.add_argument("--startup-fabric", default="2x4x2", help="spines x leaves x hosts of the start-up rounds")
-    args = parse_args(ap, ladder="8000", size="1MB", startup_rounds=1, startup_fabric="1x2x1")
+    args = parse_args(ap, ladder="8000", size="1MB", startup_rounds=1, startup_fabric="1x2x1", scenarios=False)
     if os.geteuid() != 0:
         print("needs root", file=sys.stderr)
         return 1
@@ -124,7 +161,7 @@ def main() -> int:
     mtu = 4200  # the quickstart's
     ladder = [float(x) for x in args.ladder.split(",")]
     shape = tuple(int(x) for x in args.startup_fabric.split("x"))
-    probe, lowest, run_cost, starts = {}, {}, {}, {}
+    probe, lowest, run_cost, starts, checks = {}, {}, {}, {}, {}
     for dp in datapaths:
         cap = measure(mtu, dp)
         probe[dp] = 1e6 / cap.ovs_pps
@@ -132,6 +169,7 @@ def main() -> int:
               flush=True)
         lowest[dp], run_cost[dp] = lowest_trusted(dp, ladder, args.size)
         starts[dp] = startup(dp, args.startup_rounds, shape)
+        checks[dp] = scenarios(dp) if args.scenarios else []
 
     def row(label: str, cells: list[str]) -> None:
         print(f"{label:50}" + "".join(f"{c:>12}" for c in cells))
@@ -147,6 +185,9 @@ def main() -> int:
     if "kernel" in total and total["kernel"] > 0:
         print(f"ratio userspace/kernel: CPU per switch packet {total['userspace'] / total['kernel']:.2f}"
               f" (quickstart), {probe['userspace'] / probe['kernel']:.2f} (flooded)")
+    for dp in datapaths:
+        for what, held, figures in checks[dp]:
+            print(f"{dp} datapath, {what}: {'yes' if held else 'NO'} ({figures})")
     for dp in datapaths:
         print(f"\nstart-up and teardown, {dp} datapath:\n{starts[dp]}")
     return 0
