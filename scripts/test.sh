@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Set up this machine if needed, then run tests (extra args go to pytest). Two tiers:
 #   scripts/test.sh           the whole suite: unit tests, integration tests (real Mininet, Open
-#                             vSwitch, os-ken; marked `root`) and the benchmarks' smoke modes.
+#                             vSwitch, os-ken; marked `root`), the benchmarks' smoke modes and
+#                             the lab VM tier (tests/vm: a Debian 12 VM booted here, the kernel
+#                             datapath inside; skipped with the reason where it cannot boot).
 #                             CI runs this (.ci/run).
 #   scripts/test.sh --quick   unit tests plus the `smoke`-marked integration tests: one real
 #                             quickstart run judged on its measurements. About a minute on a

@@ -2,8 +2,8 @@
 # PID 1 of the lab VM, from the shared repository: the image's /sbin/fabric-emu-vm-init
 # (scripts/vm/build-image.sh) has mounted /proc and the repository, at the path it has on the
 # host (so its .venv works unchanged), and execs this. Mount what Mininet, Open vSwitch and the
-# port programs need and the run's io folder, run io/cmd.sh
-# there, write its exit code to io/rc, and power off. No systemd: a boot under software
+# port programs need and the run's io folder, run the set-up and then io/cmd.sh from the
+# repository's root, write the exit code to io/rc, and power off. No systemd: a boot under software
 # emulation takes seconds this way; the set-up script starts Open vSwitch itself.
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8
 mountpoint -q /sys || mount -t sysfs sysfs /sys  # the initrd has mounted these two
@@ -24,7 +24,9 @@ mkdir -p /mnt/io
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 io /mnt/io
 cd "$repo"
 start=$(date +%s)
-bash /mnt/io/cmd.sh > >(tee /mnt/io/output.log > /dev/console) 2>&1
+# The project's own set-up first, as a Vagrant box is provisioned (it finds the packages in
+# the image and the venv shared in, loads openvswitch.ko and starts Open vSwitch), then the command.
+{ bash scripts/setup.sh && bash /mnt/io/cmd.sh; } > >(tee /mnt/io/output.log > /dev/console) 2>&1
 rc=$?
 sleep 0.5  # tee's last lines
 echo "fabric-emu-vm: command exited $rc after $(( $(date +%s) - start )) s" > /dev/console

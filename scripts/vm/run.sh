@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Boot the lab VM (scripts/vm/build-image.sh: Debian 12, its kernel with openvswitch.ko), run
-# one command inside it from the repository's root, and exit with the command's exit code.
+# Boot the lab VM (scripts/vm/build-image.sh: Debian 12, its kernel with openvswitch.ko), run the
+# project's set-up inside it and then one command from the repository's root, and exit with the
+# command's exit code (or the set-up's, if that failed).
 #
 #   scripts/vm/run.sh [--io DIR] [--timeout SECONDS] [--accel auto|kvm|tcg] [--cpus N] [--memory MB] -- COMMAND...
 #

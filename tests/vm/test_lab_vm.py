@@ -25,11 +25,9 @@ pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.vm]
 
 VM_MEMORY_MB = 6144
 BOOT_TIMEOUT_S = 2400
-# Inside the VM, from the repository's root: the set-up (as a Vagrant box is provisioned), then
-# two runs on the kernel datapath, their folders under /mnt/io/results.
-INSIDE = """set -e
-bash scripts/setup.sh
-for e in quickstart incast; do
+# Inside the VM, from the repository's root, after the set-up (scripts/vm/init.sh runs it, as a
+# Vagrant box is provisioned): two runs on the kernel datapath, their folders under /mnt/io/results.
+INSIDE = """for e in quickstart incast; do
   .venv/bin/fabric-emu run experiments/$e.yaml --out /mnt/io/results \\
     --set datapath=kernel --set topology.dilation=auto || echo "$e exited $?" >> /mnt/io/failed
 done
