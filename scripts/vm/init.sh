@@ -9,8 +9,13 @@ export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/r
 mountpoint -q /sys || mount -t sysfs sysfs /sys  # the initrd has mounted these two
 mountpoint -q /dev || mount -t devtmpfs devtmpfs /dev
 mkdir -p /dev/pts /dev/shm && mount -t devpts devpts /dev/pts && mount -t tmpfs tmpfs /dev/shm
-mount -t tmpfs tmpfs /run && mkdir -p /run/lock /run/openvswitch
-mount -t tmpfs tmpfs /tmp
+arg() { tr ' ' '\n' < /proc/cmdline | sed -n "s/^fe\.$1=//p"; }
+repo=$(arg repo)
+# Fresh /run and /tmp, except where the repository is mounted (a clone under /tmp, say).
+for d in /run /tmp; do
+  case "$repo/" in "$d"/*) ;; *) mount -t tmpfs tmpfs "$d" ;; esac
+done
+mkdir -p /run/lock /run/openvswitch
 mount -t cgroup2 cgroup2 /sys/fs/cgroup 2>/dev/null
 mount -t bpf bpf /sys/fs/bpf
 mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
@@ -18,8 +23,6 @@ hostname fabric-emu-vm
 ip link set lo up
 echo "fabric-emu-vm: init on $(uname -r), $(nproc) CPUs" > /dev/console
 
-arg() { tr ' ' '\n' < /proc/cmdline | sed -n "s/^fe\.$1=//p"; }
-repo=$(arg repo)
 mkdir -p /mnt/io
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 io /mnt/io
 cd "$repo"
