@@ -80,15 +80,17 @@ def failovers(fired: list[dict], link_changes: list[dict], dilation: float) -> l
 
 SetLink = Callable[[str, str, bool], None]  # (node, node, up): both ends of the link
 SetRate = Callable[[str, str, float], None]  # (node, node, modelled Gb/s)
+SetStorm = Callable[[str, bool], None]  # (host, storming)
 
 
 class EventRunner:
     """Fires the schedule in a thread; stop() lists what happened, one dict per event."""
 
     def __init__(self, events: list[EventSpec], dilation: float, controller_url: str,
-                 set_link: SetLink | None = None, set_rate: SetRate | None = None):
+                 set_link: SetLink | None = None, set_rate: SetRate | None = None,
+                 set_storm: SetStorm | None = None):
         self.events, self.dilation, self.url = events, dilation, controller_url
-        self.set_link, self.set_rate = set_link, set_rate
+        self.set_link, self.set_rate, self.set_storm = set_link, set_rate, set_storm
         self._done: list[dict] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -108,7 +110,14 @@ class EventRunner:
             e = s.event
             row = {"index": s.index, "at_fabric_s": e.at, "kind": e.kind,
                    "fired_s": round(fired - go, 6), "fired_wall": fired, "late_s": round(fired - s.wall_s, 6)}
-            if e.kind == "link":
+            if e.kind == "pfc_storm":
+                row.update(nic=e.nic, pfc_storm=e.pfc_storm)
+                try:
+                    self.set_storm(e.nic, e.pfc_storm == "on")
+                    row["ok"] = True
+                except (OSError, ValueError, TypeError) as err:
+                    row.update(ok=False, error=str(err))
+            elif e.kind == "link":
                 row.update(link=e.link, **({"state": e.state} if e.state else {"gbps": e.gbps}))
                 try:
                     a, b = e.link.split("-")

@@ -27,7 +27,9 @@ FIELDS: tuple[tuple[str, int], ...] = (
     ("max_queue", NPRIO), ("max_held", NPRIO),
     ("lossless_drops", 1), ("xoff_crossings", 1), ("xon_crossings", 1), ("headroom_overruns", 1),
     ("pause_tx", NPRIO), ("pause_rx", NPRIO), ("paused_ns", NPRIO), ("paused_since", NPRIO),
-    ("events_lost", 1), ("reserved", 11),
+    ("events_lost", 1),
+    ("wd_drop", 1), ("peer_wd_drop", 1), ("peer_stalled", 1), ("rx_lossless", 1), ("rx_wd_drops", 1), ("peer_drops", 1),
+    ("wd_status", 1), ("wd_detected", 1), ("wd_restored", 1), ("reserved", 2),
 )
 
 

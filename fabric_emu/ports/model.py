@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from fabric_emu.cc.pfcwd import Timers
 from fabric_emu.cc.red import pmax_scaled
 from fabric_emu.topo.plan import ETH_HEADER, FabricPlan
 from fabric_emu.ports.layout import MAX_PORTS, NO_PORT, NPRIO, PORT_ECN, PORT_PFC, PORT_SWITCH
@@ -138,14 +139,26 @@ class PortPlan:
     host: PortSettings
     dilation: float
     mtu: int
+    watchdog: Timers | None = None  # the switches' PFC watchdog, when it runs
+    watchdog_ports: str = "all"  # or "host-facing"
+    watchdog_seed: int = 0  # each switch's poll phase (fabric_emu.ports.watchdog.poll_phase)
 
     def settings(self, end: PortEnd) -> PortSettings:
         return self.switch if end.role == "switch" else self.host
 
+    def watched(self) -> list[PortEnd]:
+        """The switch ports whose lossless queue the watchdog watches."""
+        if self.watchdog is None:
+            return []
+        roles = {e.id: e.role for e in self.ends}
+        return [e for e in self.ends if e.role == "switch"
+                and (self.watchdog_ports == "all" or roles[e.peer_id] == "host")]
 
-def port_plan(plan: FabricPlan, ecn: EcnSettings, pfc: PfcSettings) -> PortPlan:
+
+def port_plan(plan: FabricPlan, ecn: EcnSettings, pfc: PfcSettings, watchdog: Timers | None = None,
+              watchdog_ports: str = "all", seed: int = 0) -> PortPlan:
     return PortPlan(port_ends(plan), switch_settings(plan, ecn, pfc), host_settings(plan),
-                    plan.dilation, plan.mtu)
+                    plan.dilation, plan.mtu, watchdog if pfc.enabled else None, watchdog_ports, seed)
 
 
 def default_settings(plan: FabricPlan) -> tuple[EcnSettings, PfcSettings]:
@@ -165,3 +178,12 @@ def settings_of(spec) -> tuple[EcnSettings, PfcSettings]:
     e, p = spec.ecn, spec.pfc
     return (EcnSettings(e.enabled, e.kmin, e.kmax, e.pmax),
             PfcSettings(p.enabled, p.xoff, p.xon, p.headroom, p.quanta))
+
+
+def watchdog_timers(spec) -> Timers | None:
+    """An ExperimentSpec's PFC watchdog in modelled nanoseconds, or None when it is off."""
+    wd = spec.pfcwd
+    if not wd.enabled:
+        return None
+    return Timers(round(wd.detection_time * 1e9), round(wd.restoration_time * 1e9),
+                  round(wd.poll_interval * 1e9), wd.action)

@@ -10,6 +10,13 @@ them into frames and gates, with the pure state machines of fabric_emu.cc.pfc:
   lossless gate (its TBF, see fabric_emu.ports.queues) for quanta x 512 bit times at the
   modelled rate x dilation, reopen it on expiry or on quanta 0.
 
+* A host NIC in a PFC storm (its switch port's peer_stalled, set by the run's events) ->
+  XOFF with full quanta from that NIC, refreshed every half pause, never XON.
+* The PFC watchdog (fabric_emu.ports.watchdog), when the run has one: every poll it samples
+  each switch port's lossless queue and carries out its action on a storm: drop (the port's
+  gate stays open, its pauses are ignored, the programs drop its lossless frames both ways),
+  forward (gate open, pauses ignored, the port no longer pauses its own upstream) or alert.
+
 It writes the pause frames sent and received and the paused time into the ports map (the
 fields after "counters (PFC daemon)" in bpf/port.c), so any reader sees them live, and at exit a
 JSON file with every pause interval and the reaction time of every pause (threshold crossing in
@@ -33,11 +40,13 @@ from pathlib import Path
 
 from pyroute2 import netns as pr_netns
 
-from fabric_emu.cc.pfc import RECONCILE_S, PauseReceiver, PauseSender, REFRESH_FRACTION, pause_seconds, pfc_frame
+from fabric_emu.cc.pfc import MAX_QUANTA, RECONCILE_S, PauseReceiver, PauseSender, REFRESH_FRACTION, pause_seconds, pfc_frame
+from fabric_emu.cc.pfcwd import Timers
 from fabric_emu.kernel import bpfsys, rtnl
 from fabric_emu.ports import queues
 from fabric_emu.ports.datapath import PortMaps
 from fabric_emu.ports.layout import EV_PFC_RX, EV_XOFF, EV_XON, NO_PORT, Event
+from fabric_emu.ports.watchdog import PortWatchdogs
 from fabric_emu.kernel.shaping import IPRoutePool, link_index
 
 SOL_PACKET = 263
@@ -74,11 +83,16 @@ class Config:
     quanta: int
     stats_path: str
     ports: list[DaemonPort] = field(default_factory=list)
+    watchdog: Timers | None = None
+    watched: list[int] = field(default_factory=list)  # the switch ports it watches
+    seed: int = 0  # the switches' poll phases
 
     @classmethod
     def load(cls, path: str) -> "Config":
         raw = json.loads(Path(path).read_text())
         raw["ports"] = [DaemonPort(**p) for p in raw["ports"]]
+        if raw.get("watchdog"):
+            raw["watchdog"] = Timers(**raw["watchdog"])
         return cls(**raw)
 
     def dump(self) -> str:
@@ -151,19 +165,38 @@ class Daemon:
         self.frames_sent = self.frames_received = self.events = 0
         self.next_reconcile = 0.0
         self.errors: list[str] = []
+        # PFC storms: host port -> the pauses it sends while its NIC storms; their log
+        self.storms: dict[int, PauseSender] = {}
+        self.storm_log: list[dict] = []
+        self.storm_now: dict[int, dict] = {}  # host port -> its storm in progress (in storm_log)
+        self.storm_tx: dict[str | None, socket.socket] = {}
+        watched = {p.id: (p.intf, p.node) for p in cfg.ports if p.id in set(cfg.watched) and p.pfc}
+        self.watchdog = (PortWatchdogs(cfg.watchdog, watched, self.maps.table, cfg.dilation, cfg.seed)
+                         if cfg.watchdog is not None else None)
+        self.mitigated: dict[int, str] = {}  # port -> the watchdog's action holding it
+        self.peer_drops_before = self._peer_drops()  # the map outlives a lab's daemons
 
     def _pause_s(self, port: DaemonPort, quanta: int) -> float:
         return pause_seconds(quanta, port.gbps, self.cfg.dilation)
 
     # ------------------------------------------------------------------ loop
-    def run(self, stop: threading.Event) -> None:
+    def run(self, stop: threading.Event, wakeup: int | None = None) -> None:
+        """wakeup: the pipe Python writes each signal's number to (SIGUSR1: a NIC's storm flag
+        changed; SIGUSR2: traffic starts, the watchdog's polls count from now)."""
         poller = select.epoll()
         poller.register(self.ring.fd, select.EPOLLIN)
+        if wakeup is not None:
+            poller.register(wakeup, select.EPOLLIN)
         while not stop.is_set():
             self._drain(time.monotonic())
             deadline = self._timers(time.monotonic())
             timeout = IDLE_POLL_S if deadline is None else max(0.0, min(IDLE_POLL_S, deadline - time.monotonic()))
-            poller.poll(timeout)
+            for fd, _ in poller.poll(timeout):
+                if fd == wakeup:
+                    signals = os.read(wakeup, 512)
+                    if self.watchdog is not None and signal.SIGUSR2 in signals:
+                        self.watchdog.anchor(time.monotonic())
+                    self._storms(time.monotonic())
         poller.close()
 
     def _drain(self, now: float) -> None:
@@ -177,6 +210,8 @@ class Daemon:
 
     def _handle(self, ev: Event, now: float) -> None:
         if ev.type == EV_XOFF and ev.port in self.senders:
+            if self.mitigated.get(ev.port) == "forward":
+                return  # the class is lossy on this port while it is stormed
             self.crossed_at.setdefault(ev.port, (ev.time_ns, time.monotonic_ns()))
             self._send(ev.port, self.senders[ev.port].on_xoff(now))
         elif ev.type == EV_XON and ev.port in self.senders:
@@ -187,13 +222,19 @@ class Daemon:
                 return
             self.frames_received += 1
             self.maps.table.add(receiver, "pause_rx", 1, LOSSLESS)
+            if self.watchdog is not None:
+                self.watchdog.on_pause_frame(receiver, now)
+            if receiver in self.mitigated and self.mitigated[receiver] != "alert":
+                return  # counted, not honoured: the watchdog holds this queue
             action = self.receivers[receiver].on_frame(now, self._pause_s(self.ports[receiver], ev.quanta))
             self._gate(receiver, action, PauseFrame(ev.port, ev.time_ns, time.monotonic_ns()))
 
     def _reconcile(self, now: float) -> None:
         """Bring every sender in line with its port's xoff_state (events lost on the way)."""
         for port_id, s in self.senders.items():
-            self._send(port_id, s.on_level(bool(self.maps.table.get(port_id, "xoff_state")), now))
+            if self.mitigated.get(port_id) != "forward":
+                self._send(port_id, s.on_level(bool(self.maps.table.get(port_id, "xoff_state")), now))
+        self._storms(now)
 
     def _timers(self, now: float) -> float | None:
         if now >= self.next_reconcile:
@@ -213,17 +254,80 @@ class Daemon:
             self._gate(port_id, r.on_timer(now))
             if r.paused_until is not None:
                 deadlines.append(r.paused_until)
+        for port_id, storm in self.storms.items():
+            self._send(port_id, storm.on_timer(now))
+            deadlines.append(storm.next_refresh)
+        if self.watchdog is not None:
+            self._watchdog_poll(now)
+            deadlines.append(self.watchdog.next_poll())
         return min(deadlines, default=None)
+
+    # ------------------------------------------------------------------ storms and the watchdog
+    def _storms(self, now: float) -> None:
+        """Start or end each host NIC's storm as its switch port's peer_stalled says."""
+        for port in self.ports.values():
+            if port.role != "host" or port.peer_id not in self.ports:
+                continue
+            stalled = bool(self.maps.table.get(port.peer_id, "peer_stalled"))
+            if stalled and port.id not in self.storms:
+                storm = PauseSender(MAX_QUANTA, REFRESH_FRACTION * self._pause_s(port, MAX_QUANTA))
+                self.storms[port.id] = storm
+                self.storm_now[port.id] = {"nic": port.node, "intf": port.intf, "on_s": now, "off_s": None,
+                                           "frames": 0}
+                self.storm_log.append(self.storm_now[port.id])
+                self._send(port.id, storm.on_xoff(now))
+            elif not stalled and port.id in self.storms:
+                del self.storms[port.id]  # it recovers: no XON, its last pause runs out
+                self.storm_now.pop(port.id)["off_s"] = now
+
+    def _watchdog_poll(self, now: float) -> None:
+        assert self.watchdog is not None
+        action = self.watchdog.timers.action
+        for port_id, what in self.watchdog.due(now):
+            if what == "storm":
+                self.mitigated[port_id] = action
+                if action == "alert":
+                    continue
+                if action == "drop":
+                    self._hold(port_id, True)
+                elif port_id in self.senders:  # forward: stop pausing its own upstream
+                    self._send(port_id, self.senders[port_id].on_xon(now))
+                receiver = self.receivers[port_id]
+                if receiver.paused:
+                    receiver.paused_until = None
+                    self._gate(port_id, "open")
+                self.watchdog.episodes[-1]["mitigated_s"] = time.monotonic()
+            else:
+                if self.mitigated.pop(port_id, None) == "drop":
+                    self._hold(port_id, False)
+
+    def _hold(self, port_id: int, drop: bool) -> None:
+        """The drop action on a port's lossless queue: its egress drops, and its ingress's at the
+        peer's egress when the peer is a switch port (a NIC's frames still enter: see bpf/port.c)."""
+        self.maps.table.set(port_id, "wd_drop", int(drop))
+        peer = self.ports.get(self.ports[port_id].peer_id)
+        if peer is not None and peer.role == "switch":
+            self.maps.table.set(peer.id, "peer_wd_drop", port_id + 1 if drop else 0)
 
     # ------------------------------------------------------------------ actions
     def _send(self, port_id: int, quanta_list: list[int]) -> None:
         port = self.ports[port_id]
         for quanta in quanta_list:
-            self.tx.sendto(pfc_frame(tag_mac(port_id), quanta, LOSSLESS), (port.intf, 0))
+            self._tx_socket(port).sendto(pfc_frame(tag_mac(port_id), quanta, LOSSLESS), (port.intf, 0))
             self.frames_sent += 1
+            if port_id in self.storm_now:
+                self.storm_now[port_id]["frames"] += 1
             self.maps.table.add(port_id, "pause_tx", 1, LOSSLESS)
             if quanta == 0:
                 self.crossed_at.pop(port_id, None)
+
+    def _tx_socket(self, port: DaemonPort) -> socket.socket:
+        """Switch ports send from the root namespace; a storming NIC from its host's."""
+        if port.netns is None:
+            return self.tx
+        if port.netns not in self.storm_tx:
+            self.storm_tx[port.netns] = _socket_in(port.netns, bypass=True)
+        return self.storm_tx[port.netns]
 
     def _gate(self, port_id: int, action: str | None, frame: PauseFrame | None = None) -> None:
         """Open or close a port's gate; `frame`: the pause frame that closes it, if one does."""
@@ -232,6 +336,8 @@ class Daemon:
         port, table = self.ports[port_id], self.maps.table
         self.gates[port_id].set(action == "open")
         now_ns = time.monotonic_ns()
+        if self.watchdog is not None:
+            self.watchdog.on_gate(port_id, action == "close", now_ns / 1e9)
         if action == "close":
             table.set(port_id, "paused_since", now_ns, LOSSLESS)
             self.intervals.setdefault(port.intf, []).append([now_ns / 1e9, None])
@@ -267,7 +373,17 @@ class Daemon:
                 except OSError:
                     pass
         events_lost = sum(self.maps.table.get(p, "events_lost") for p in self.ports)
-        for s in (self.tx, *self.kick.values(), *self.netlink.values()):
+        watchdog = self.watchdog.report() if self.watchdog is not None else None
+        for port_id, action in self.mitigated.items():  # a lab restarts the daemon with the fabric up
+            if action == "drop":
+                self._hold(port_id, False)
+        for entry in self.storm_log:
+            if entry["off_s"] is None:
+                entry["off_s"] = now_ns / 1e9
+        now_drops = self._peer_drops()
+        storm_drops = {intf: n - self.peer_drops_before.get(intf, 0) for intf, n in now_drops.items()
+                       if n > self.peer_drops_before.get(intf, 0)}
+        for s in (self.tx, *self.kick.values(), *self.netlink.values(), *self.storm_tx.values()):
             s.close()
         self.ring.close()
         self.maps.close()
@@ -275,7 +391,13 @@ class Daemon:
                 "worst_reaction": self.worst_split,
                 "frames_sent": self.frames_sent, "frames_received": self.frames_received,
                 "events": self.events, "errors": self.errors[:20],
-                "events_lost": events_lost}
+                "events_lost": events_lost, "watchdog": watchdog,
+                "storms": self.storm_log, "storm_nic_drops": storm_drops}
+
+    def _peer_drops(self) -> dict[str, int]:
+        """Per host NIC: lossless frames it dropped while stalled (counted at its switch port)."""
+        return {p.intf: self.maps.table.get(p.peer_id, "peer_drops") for p in self.ports.values()
+                if p.role == "host" and p.peer_id in self.ports}
 
 
 def split_reaction(crossed: tuple[int, int], frame_seen: tuple[int, int], closed_ns: int) -> dict[str, float]:
@@ -308,10 +430,14 @@ def main(argv: list[str]) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)  # a signal wakes the loop's epoll at once
+    signal.signal(signal.SIGUSR1, lambda *_: None)  # a NIC's storm flag changed
+    signal.signal(signal.SIGUSR2, lambda *_: None)  # traffic starts
     daemon = Daemon(cfg)
     print("READY", flush=True)
     try:
-        daemon.run(stop)
+        daemon.run(stop, wake_r)
     finally:
         stats = daemon.close()
         write_atomic(Path(cfg.stats_path), json.dumps(stats))

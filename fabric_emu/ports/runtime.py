@@ -13,6 +13,8 @@ import select
 import signal
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -65,7 +67,8 @@ class LosslessPorts:
                          DaemonPort(e.id, e.node, e.intf, e.peer_id, e.role, e.gbps, e.emulated_bps,
                                     self.ports.mtu, self.ports.settings(e).fifo_limits[3],
                                     netns_of.get(e.node), e.role == "switch" and bool(pfc and pfc.enabled))
-                         for e in self.ports.ends])
+                         for e in self.ports.ends], watchdog=self.ports.watchdog,
+                     watched=[e.id for e in self.ports.watched()], seed=self.ports.watchdog_seed)
         path = self.workdir / "pfcd.config.json"
         path.write_text(cfg.dump())
         log = open(self.workdir / "pfcd.log", "w")
@@ -125,6 +128,39 @@ class LosslessPorts:
             self.maps.close()
             self.maps = None
         return stats
+
+    def set_storm(self, host: str, on: bool) -> None:
+        """Start or end a PFC storm of `host`'s NIC: its switch port's peer_stalled (the port
+        programs drop what reaches the stalled NIC), then the daemon, woken, sends the pauses."""
+        assert self.maps is not None and self.daemon is not None
+        ends = {e.id: e for e in self.ports.ends}
+        ports = [e.peer_id for e in self.ports.ends if e.role == "host" and e.node == host]
+        if not ports:
+            raise ValueError(f"no NIC of host {host!r}")
+        for port in ports:
+            assert ends[port].role == "switch"
+            self.maps.table.set(port, "peer_stalled", int(on))
+        self.daemon.send_signal(signal.SIGUSR1)
+
+    def traffic_starts(self, go: float) -> None:
+        """Tell the daemon, at `go` (wall clock), that traffic starts: the watchdog's polls count
+        from there."""
+        daemon = self.daemon
+        if self.ports.watchdog is None or daemon is None:
+            return
+        timer = threading.Timer(max(0.0, go - time.time()),
+                                lambda: daemon.poll() is None and daemon.send_signal(signal.SIGUSR2))
+        timer.daemon = True
+        timer.start()
+
+    def end_storms(self) -> None:
+        """Every NIC storm still on ends (traffic is over; a lab's next run starts clean)."""
+        assert self.maps is not None
+        stalled = [e.id for e in self.ports.ends if e.role == "switch" and self.maps.table.get(e.id, "peer_stalled")]
+        for port in stalled:
+            self.maps.table.set(port, "peer_stalled", 0)
+        if stalled and self.daemon is not None:
+            self.daemon.send_signal(signal.SIGUSR1)
 
     def reset_high_water(self) -> None:
         """Zero every port's high-water marks (deepest queue, most lossless bytes held), so they

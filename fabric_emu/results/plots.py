@@ -164,18 +164,36 @@ def plot_pauses(run_dir: Path, out: Path) -> bool:
         spans[f"{name} \u2192 {peer}" if peer else name].append((start, _num(r.get("end_fabric_us"))))
     if not spans:
         return False
+    summary = _json(run_dir / "summary.json")
+    storms = [st for st in summary.get("pfc_storms") or [] if isinstance(st, dict)]
     latest = max(max(s, e if e is not None else s) for v in spans.values() for s, e in v)
     bars = {k: [(s, max(0.0, (e if e is not None else latest) - s)) for s, e in v] for k, v in spans.items()}
     names = sorted(bars, key=lambda k: -sum(w for _, w in bars[k]))[:MAX_PAUSE_ROWS]
-    names.sort(key=_natural, reverse=True)  # first name at the top
-    fig, ax = plt.subplots(figsize=(10, max(2.5, 0.6 + 0.3 * len(names))))
+    # the port paused first at the top: a pause that spreads reads downwards, hop by hop
+    names.sort(key=lambda k: (-min(s for s, _ in bars[k]), _natural(k)))
+    fig, ax = plt.subplots(figsize=(10, max(2.5, 0.6 + 0.3 * (len(names) + len(storms)))))
     for i, name in enumerate(names):
         # An edge in the face colour keeps zero-length pauses visible as a thin line.
         ax.broken_barh(bars[name], (i - 0.35, 0.7), facecolors="tab:red", edgecolors="tab:red",
                        linewidth=0.6)
-    ax.set_yticks(range(len(names)), names, fontsize=8)
-    ax.set_ylim(-0.6, len(names) - 0.4)
-    pause_tx = _json(run_dir / "summary.json").get("switch", {})
+    stormed = _stormed_spans(summary, latest)
+    for i, name in enumerate(names):
+        if name.split(" ")[0] in stormed:  # the watchdog held it: a black band along the row
+            ax.broken_barh(stormed[name.split(" ")[0]], (i - 0.08, 0.16), facecolors="black",
+                           label="watchdog: stormed" if i == min(j for j, n in enumerate(names)
+                                                                 if n.split(" ")[0] in stormed) else None)
+    labels = list(names)
+    for k, st in enumerate(storms):  # each NIC storm as a row of its own, above the ports
+        on, off = _num(st.get("on_fabric_us")), _num(st.get("off_fabric_us"))
+        if on is not None:
+            ax.broken_barh([(on, (off if off is not None else latest) - on)], (len(names) + k - 0.35, 0.7),
+                           facecolors="tab:orange")
+            labels.append(f"{st.get('nic', '?')} NIC storm")
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    ax.set_ylim(-0.6, len(labels) - 0.4)
+    if stormed:
+        ax.legend(fontsize=7, loc="lower right")
+    pause_tx = summary.get("switch", {})
     pause_tx = pause_tx.get("pause_tx") if isinstance(pause_tx, dict) else None
     shown = f" ({len(names)} of {len(bars)} shown)" if len(names) < len(bars) else ""
     title = f"PFC pauses of priority {LOSSLESS_PRIORITY}: {len(bars)} port(s) paused{shown}"
@@ -187,6 +205,17 @@ def plot_pauses(run_dir: Path, out: Path) -> bool:
     fig.tight_layout()
     _save(fig, out)
     return True
+
+
+def _stormed_spans(summary: dict, latest: float) -> dict[str, list[tuple[float, float]]]:
+    """The PFC watchdog's episodes per interface: (detected, duration) in fabric us."""
+    out: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    wd = summary.get("pfcwd")
+    for e in (wd.get("episodes") or []) if isinstance(wd, dict) else []:
+        start, end = _num(e.get("detected_fabric_us")), _num(e.get("restored_fabric_us"))
+        if start is not None:
+            out[str(e.get("intf"))].append((start, (end if end is not None else latest) - start))
+    return out
 
 
 def flow_rate_steps(run_dir: Path) -> tuple[list[tuple[str, list[float], list[float]]], float | None, int]:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from fabric_emu.kernel import ovs_datapath
 from fabric_emu.kernel.ovs_datapath import DatapathUnavailable
+from fabric_emu.cc.pfc import MAX_QUANTA, REFRESH_FRACTION, pause_seconds
 from fabric_emu.spec.errors import SpecError
 from fabric_emu.spec.experiment import ExperimentSpec
 from fabric_emu.spec.load import load_experiment
@@ -78,6 +79,11 @@ def check_spec(spec: ExperimentSpec, path: str, measure: bool = False,
         if not flows:  # an incast from 'all' in a fabric of one host
             raise SpecError([(str(path), "workload.senders", f"'all' is nobody: {w.receiver} is the only host")])
         ranks = agent_hosts(flows, names)
+    for i, e in enumerate(spec.events):
+        if e.nic is not None and e.nic not in plan.host_by_name:
+            raise SpecError([(str(path), f"events.{i}.nic",
+                              f"unknown host {e.nic!r} (hosts are {names[0]}..{names[-1]})")])
+    check_watchdog_poll(spec, plan, path)
     for i, b in enumerate(spec.background):
         for end in ("src", "dst"):
             if getattr(b, end) not in plan.host_by_name:
@@ -101,3 +107,17 @@ def check_spec(spec: ExperimentSpec, path: str, measure: bool = False,
                 raise SpecError([(str(path), f"capture.ports.{i}",
                                   f"no switch port {name!r} in this fabric (see fabric-emu show)")])
     return spec, plan, ranks
+
+
+def check_watchdog_poll(spec: ExperimentSpec, plan, path: str) -> None:
+    """A storm's pause frames must reach every poll, or its polls would look clean: the poll
+    must outlast the refresh period of a full pause at the slowest switch port."""
+    wd = spec.pfcwd
+    if not wd.enabled:
+        return
+    slowest = min(ln.gbps for ln in plan.links)
+    refresh = REFRESH_FRACTION * pause_seconds(MAX_QUANTA, slowest)
+    if wd.poll_interval <= refresh:
+        raise SpecError([(str(path), "pfcwd.poll_interval",
+                          f"{wd.poll_interval * 1e6:g} us is not longer than a storm's pause refresh period "
+                          f"({refresh * 1e6:.0f} us at {slowest:g} Gb/s): a poll could see no pause frame")])

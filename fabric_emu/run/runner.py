@@ -34,6 +34,7 @@ from fabric_emu.live.publish import RunPublisher, live_ports, manifest_path
 from fabric_emu.topo.plan import FabricPlan
 from fabric_emu.run.progress import OnProgress, ProgressEvent, RunProgress
 from fabric_emu.state.records import RunLock, RunRecord
+from fabric_emu.results.pfcwd import pfcwd_rows
 from fabric_emu.results.switch import pause_rows
 from fabric_emu.results.summary import build_summary
 from fabric_emu.results.table import print_summary
@@ -171,6 +172,9 @@ class Runner:
         summary table and the plots; returns the exit code (0: the run is ok)."""
         ended = time.time()
         traffic = self.traffic
+        if "traffic_start" in traffic:  # the PFC daemon's log is on the monotonic clock, from GO
+            traffic["go_monotonic"] = go = self._go_monotonic(traffic)
+            traffic["traffic_fabric_s"] = (traffic["ended_monotonic"] - go) / self.plan.dilation
         summary = build_summary(self.spec, self.plan, self.ranks, traffic, state)
         results.write_json(run_dir / "summary.json", summary)
         results.write_json(run_dir / "metadata.json", {
@@ -195,6 +199,8 @@ class Runner:
         if "traffic_start" in traffic and traffic.get("pfc_daemon"):
             results.write_csv(run_dir / "pauses.csv", pause_rows(self.plan, traffic["pfc_daemon"],
                                                                  self._go_monotonic(traffic)))
+        if (traffic.get("pfc_daemon") or {}).get("watchdog"):
+            results.write_csv(run_dir / "pfcwd.csv", pfcwd_rows(traffic["pfc_daemon"]))
         print_summary(self.console, summary, run_dir)
         try:  # after every CSV; a plot never fails the run
             from fabric_emu.results.plots import write_plots
@@ -219,12 +225,13 @@ class Runner:
 
     def bring_up(self, record: RunRecord, workdir: Path):
         """Build, route and publish the fabric (the lab keeps it up between runs)."""
-        from fabric_emu.ports.model import port_plan, settings_of
+        from fabric_emu.ports.model import port_plan, settings_of, watchdog_timers
         from fabric_emu.fabric.routed import RoutedFabric
         from fabric_emu.nic.launch import spray_entropies
 
         t = time.monotonic()
-        ports = port_plan(self.plan, *settings_of(self.spec))
+        ports = port_plan(self.plan, *settings_of(self.spec), watchdog=watchdog_timers(self.spec),
+                          watchdog_ports=self.spec.pfcwd.ports, seed=self.spec.seed)
         d = self.plan.dilation
         dlb = (round(self.spec.dlb.inactivity * d * 1e9), round(self.spec.dlb.quality_window * d * 1e9))
         self.routed = RoutedFabric(self.plan, record, workdir, self.spec.load_balancing, ports=ports,
@@ -269,12 +276,13 @@ class Runner:
         t = time.monotonic()
         cut_short: BaseException | None = None
         events = EventRunner(self.spec.events, self.plan.dilation, self.routed.ctrl.rest_url,
-                             self.routed.fabric.set_link, self.routed.fabric.set_link_rate)
+                             self.routed.fabric.set_link, self.routed.fabric.set_link_rate, lossless.set_storm)
         background = Background(self.spec.background, self.routed.fabric, self.plan, record)
         background.prepare()
         progress = self._progress(lossless.to_hosts)
 
         def on_go(go: float) -> None:  # events, background traffic and the progress bar count from GO
+            lossless.traffic_starts(go)
             self._on_go(events, go)
             background.start(go)
             progress.start(go)
@@ -289,9 +297,11 @@ class Runner:
                 agents, cut_short = getattr(e, "agent_stats", {}), e
             finally:
                 fired = events.stop()
+                lossless.end_storms()
                 flows_behind = background.stop()
                 lb_state = events.final_state()
         self.times["traffic"] = time.monotonic() - t
+        ended_monotonic = time.monotonic()
         port_after = lossless.counters()
         ports = counters.delta(counters.snapshot(self.plan, port_after), before)
         nics = counters.nic_totals(self.plan, port_before, port_after)
@@ -305,7 +315,8 @@ class Runner:
         self.traffic = {"status": "ok" if ok and not cut_short else "incomplete", "agents": agents,
                         "ports": ports, "queues": queues.rows, "cpu": cpu.summary(),
                         "traffic_start": t, "thresholds": lossless.installed(), "nics": nics,
-                        "events": fired, "lb": lb_state, "alone": alone, "background": flows_behind}
+                        "events": fired, "lb": lb_state, "alone": alone, "background": flows_behind,
+                        "ended_monotonic": ended_monotonic}
         if cut_short is not None:
             raise cut_short
 

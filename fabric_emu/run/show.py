@@ -147,6 +147,19 @@ def print_ports(out: Console, plan: FabricPlan, exp: ExperimentSpec) -> None:
         pause = pause_seconds(pfc.quanta, gbps, plan.dilation)
         out.print(f"a pause of {pfc.quanta} quanta lasts {pause / plan.dilation * 1e6:.2f} us at {gbps:g} Gb/s"
                   f" ({pause:.3f} s emulated), refreshed every half of it while a port stays above xon")
+    print_watchdog(out, plan, exp)
+
+
+def print_watchdog(out: Console, plan: FabricPlan, exp: ExperimentSpec) -> None:
+    """The PFC watchdog's timers, modelled and as wall time at this run's dilation."""
+    wd = exp.pfcwd
+    if not wd.enabled:
+        out.print("PFC watchdog: off (pfcwd.enabled: true turns it on)")
+        return
+    timers = ", ".join(f"{name} {t * 1e6:g} us ({t * plan.dilation:.3f} s emulated)" for name, t in (
+        ("detection", wd.detection_time), ("restoration", wd.restoration_time), ("poll", wd.poll_interval)))
+    out.print(f"PFC watchdog ({wd.preset} preset): action {wd.action} on {wd.ports} switch ports' lossless"
+              f" queues; {timers}")
 
 
 def print_dilation_auto(out: Console, auto: dict) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Optional
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from fabric_emu.spec.errors import problem_at
 from fabric_emu.spec.fields import HostName, Seconds, Strict
@@ -21,11 +21,17 @@ class CaptureSpec(Strict):
     snaplen: int = Field(default=0, ge=0, le=65535, description="bytes kept per packet; 0 = all")
 
 
+def _on_off(v: object) -> object:
+    """YAML 1.1 reads a bare on/off as true/false: take either spelling."""
+    return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
+
+
 class EventSpec(Strict):
     """Something that happens during the run, at a modelled time from the start of traffic
     (x dilation on the wall clock): a change of load-balancing mode, or a fabric link going
     down or coming back (`link: leaf1-spine2`, `state: down|up`), or changing its rate
-    (`gbps: 25`)."""
+    (`gbps: 25`), or a host NIC starting or ending a PFC storm (`nic: h3`, `pfc_storm: on|off`:
+    it stops draining and pauses its leaf with full quanta, refreshed, never resuming it)."""
 
     at: Seconds = Field(ge=0, le=3600, description="modelled time from the start of traffic")
     load_balancing: Optional[Literal["ecmp", "dlb", "spray"]] = Field(
@@ -35,6 +41,9 @@ class EventSpec(Strict):
     state: Optional[Literal["up", "down"]] = Field(
         default=None, description="the link goes down (both ends) or comes back up (with link)")
     gbps: Optional[float] = Field(default=None, gt=0, le=1600, description="the link's new modelled rate")
+    nic: Optional[HostName] = Field(default=None, description="a host whose NIC starts or ends a PFC storm")
+    pfc_storm: Annotated[Optional[Literal["on", "off"]], BeforeValidator(_on_off)] = Field(
+        default=None, description="on: the NIC stops draining and pauses its leaf for ever; off: it recovers")
 
     @field_validator("load_balancing")
     @classmethod
@@ -45,8 +54,10 @@ class EventSpec(Strict):
 
     @model_validator(mode="after")
     def _one_thing(self):
-        if (self.load_balancing is None) == (self.link is None):
-            raise ValueError("an event takes either load_balancing or link (with state)")
+        if (self.nic is None) != (self.pfc_storm is None):
+            raise ValueError("a storm event takes nic and pfc_storm (on or off)")
+        if sum(x is not None for x in (self.load_balancing, self.link, self.nic)) != 1:
+            raise ValueError("an event takes one of load_balancing, link (with state or gbps), nic (with pfc_storm)")
         if self.link is not None and (self.state is None) == (self.gbps is None):
             raise ValueError("a link event takes link and either state (up or down) or gbps")
         if self.link is None and (self.state is not None or self.gbps is not None):
@@ -55,6 +66,8 @@ class EventSpec(Strict):
 
     @property
     def kind(self) -> str:
+        if self.nic is not None:
+            return "pfc_storm"
         return "load_balancing" if self.load_balancing is not None else "link"
 
 

@@ -11,6 +11,7 @@ from fabric_emu.spec.events import BackgroundSpec, CaptureSpec, EventSpec
 from fabric_emu.spec.fields import NAME_HELP, NAME_RE, Seconds, Strict
 from fabric_emu.spec.lb import IMPLEMENTED_LB, DlbSpec, SpraySpec
 from fabric_emu.spec.lossless import EcnSpec, PfcSpec, resolve_thresholds
+from fabric_emu.spec.pfcwd import PfcwdSpec
 from fabric_emu.spec.topology import Topology
 from fabric_emu.spec.transport import DcqcnSpec, TransportSpec
 from fabric_emu.spec.workloads import JobWorkload, Workload
@@ -40,6 +41,7 @@ class ExperimentSpec(Strict):
     capture: Optional[CaptureSpec] = Field(default=None, description="pcap of switch ports into the results")
     ecn: EcnSpec = Field(default=EcnSpec(), description="RED/ECN marking of RoCE at switch egress")
     pfc: PfcSpec = Field(default=PfcSpec(), description="PFC on the lossless priority")
+    pfcwd: PfcwdSpec = Field(default=PfcwdSpec(), description="the switches' PFC watchdog (SONiC pfcwd)")
     congestion_control: Literal["dcqcn", "none"] = Field(
         default="dcqcn", description="dcqcn, or none (CE marks are then only counted)")
     dcqcn: DcqcnSpec = Field(default=DcqcnSpec(), description="DCQCN's preset and parameter overrides")
@@ -99,6 +101,13 @@ class ExperimentSpec(Strict):
         return self.model_copy(update={
             "ecn": e.model_copy(update={"kmin": kmin, "kmax": kmax}),
             "pfc": p.model_copy(update={"headroom": headroom, "xoff": max(1, xoff), "xon": xon})})
+
+    @model_validator(mode="after")
+    def _watchdog_needs_pfc(self):
+        if self.pfcwd.enabled and not self.pfc.enabled:
+            raise problem_at("ExperimentSpec", ("pfcwd", "enabled"),
+                             "the watchdog watches lossless queues: it needs pfc.enabled: true", True)
+        return self
 
     @model_validator(mode="after")
     def _lb_modes_fit_the_kind(self):

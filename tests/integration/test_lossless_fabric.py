@@ -25,7 +25,7 @@ CAPTURE = "capture={ports: [spine1-eth1], packets: 10}"
 
 @pytest.fixture(scope="module")
 def incast(tmp_path_factory):
-    return run_shipped(tmp_path_factory, "incast", CAPTURE)
+    return run_shipped(tmp_path_factory, "incast", CAPTURE, "pfcwd.enabled=true")  # it must never trigger
 
 
 # Everything h1 sends and receives, headers only: data, and h1's ACKs, NAKs and CNPs.
@@ -182,7 +182,8 @@ def test_victim_slows_only_while_pfc_pauses_its_link(victim):
 
 @pytest.fixture(scope="module")
 def dcqcn(tmp_path_factory):
-    return run_shipped(tmp_path_factory, "dcqcn-incast", "capture={ports: [leaf1-eth1], packets: 2000}")
+    return run_shipped(tmp_path_factory, "dcqcn-incast", "capture={ports: [leaf1-eth1], packets: 2000}",
+                       "pfcwd.enabled=true")  # it must never trigger
 
 
 def test_dcqcn_receivers_send_cnps_for_marks_and_senders_slow_down(dcqcn):
@@ -268,3 +269,14 @@ def test_two_flows_converge_to_a_fair_share(convergence):
     d = s["dilation"]
     shares = [rate_gbps(q["rx_series"], 0.0, mid, end, d) for q in qps]
     assert jain_index(shares) >= 0.95, shares
+
+
+@pytest.mark.parametrize("fixture", ["incast", "dcqcn"])
+def test_the_pfc_watchdog_never_mistakes_an_incast_for_a_storm(fixture: str, request) -> None:
+    """No false positives: the incasts pause hard, yet no queue stays paused with pauses arriving
+    for the detection time (and an emulator stall must not look like one)."""
+    run_dir, r = request.getfixturevalue(fixture)
+    s = read_json(run_dir / "summary.json")
+    assert s["switch"]["pause_tx"] > 0 and s["pfcwd"]["polls"] > 0
+    assert s["pfcwd"]["storms_detected"] == 0, s["pfcwd"]["episodes"]
+    assert all(row["status"] == "operational" for row in read_csv(run_dir / "pfcwd.csv"))

@@ -102,7 +102,20 @@ struct port {
 	__u64 paused_ns[NPRIO];
 	__u64 paused_since[NPRIO];
 	__u64 events_lost;	/* events about this port the ring buffer had no room for */
-	__u64 reserved[11];
+	/* PFC watchdog and storms (docs/pfc-watchdog.md) */
+	__u64 wd_drop;		/* daemon: the watchdog's drop action holds this port's lossless queue */
+	__u64 peer_wd_drop;	/* daemon: 1 + the id of this port's peer when the watchdog's drop
+				 * action holds the peer: its ingress drops are made here, at this
+				 * egress, since Open vSwitch's userspace datapath reads a port's
+				 * frames before its tc ingress hook could drop them */
+	__u64 peer_stalled;	/* runner: the NIC beyond this switch port has stalled (a PFC storm) */
+	__u64 rx_lossless;	/* programs: lossless data frames that entered the switch here */
+	__u64 rx_wd_drops;	/* programs: lossless frames for here the watchdog's drop action
+				 * dropped at the peer's egress (switch peers only) */
+	__u64 peer_drops;	/* programs: lossless frames sent here that the stalled NIC dropped */
+	__u64 wd_status;	/* daemon: 1 while the watchdog holds this queue stormed */
+	__u64 wd_detected, wd_restored;	/* daemon: storms detected and restored on this queue */
+	__u64 reserved[2];
 };
 _Static_assert(sizeof(struct port) == 1024, "struct port must stay 1024 bytes");
 
@@ -240,6 +253,19 @@ static __always_inline void emit(struct port *p, __u32 type, __u32 port, __u32 q
 		__sync_fetch_and_add(&p->events_lost, 1);
 }
 
+/* Bytes charged to ingress port `in` leave the switch (sent on, or dropped): credit them back
+ * and signal XON when the port falls below xon. Every path that frees charged bytes goes
+ * through here, or a port left above xon would pause its upstream for ever. */
+static __always_inline void credit_held(struct port *in, __u32 in_id, __u32 prio, __u32 len)
+{
+	__u64 held = __sync_fetch_and_sub(&in->held[prio], len) - len;
+	if (held < in->xon && in->xoff_state &&
+	    __sync_val_compare_and_swap(&in->xoff_state, 1, 0) == 1) {
+		__sync_fetch_and_add(&in->xon_crossings, 1);
+		emit(in, EV_XON, in_id, 0, 0, held);
+	}
+}
+
 /* RED as DCQCN deployments use it, on the instantaneous depth: 0 up to kmin, rising linearly
  * to pmax at kmax, 1 above. */
 static __always_inline int should_mark(struct port *p, __u64 depth)
@@ -282,6 +308,21 @@ int switch_egress(struct __sk_buff *skb)
 		in_id = NO_PORT;
 
 	int lossless = prio == PRIO_LOSSLESS && (out->flags & PORT_PFC);
+	if (prio == PRIO_LOSSLESS && (out->wd_drop || out->peer_wd_drop)) {
+		/* The PFC watchdog's drop action, on this queue (its peer storms: nothing more waits
+		 * for it) or on the peer's ingress (counted there). */
+		if (lossless && in)
+			credit_held(in, in_id, prio, len);
+		if (out->wd_drop) {
+			__sync_fetch_and_add(&out->drops[prio], 1);
+		} else {
+			__u32 peer_id = (out->peer_wd_drop - 1) & (MAX_PORTS - 1);
+			struct port *peer = bpf_map_lookup_elem(&ports, &peer_id);
+			if (peer)
+				__sync_fetch_and_add(&peer->rx_wd_drops, 1);
+		}
+		return TC_ACT_STOLEN;	/* see "Drops at egress" */
+	}
 	if (lossless && in) {
 		/* Lossless admission is per ingress port; its bytes were charged on arrival
 		 * (switch_ingress). The egress queue has no limit of its own (SONiC's lossless egress
@@ -293,7 +334,7 @@ int switch_egress(struct __sk_buff *skb)
 		 * buffer is there no room: a lossless drop. */
 		__u64 held = in->held[prio];
 		if (held > in->limit[prio]) {
-			__sync_fetch_and_sub(&in->held[prio], len);
+			credit_held(in, in_id, prio, len);
 			__sync_fetch_and_add(&out->drops[prio], 1);
 			__sync_fetch_and_add(&out->lossless_drops, 1);
 			return TC_ACT_STOLEN;	/* see "Drops at egress" */
@@ -356,6 +397,7 @@ static __always_inline int ingress(struct __sk_buff *skb, int at_switch)
 	struct ethhdr *eth = data;
 	struct iphdr *ip;
 	__u32 len = skb->len, ifindex = skb->ifindex;
+	struct port *from = 0;	/* the switch port that sent this frame, when it is tagged */
 
 	if ((void *)(eth + 1) > end)
 		return TC_ACT_OK;
@@ -371,28 +413,33 @@ static __always_inline int ingress(struct __sk_buff *skb, int at_switch)
 				emit(bpf_map_lookup_elem(&ports, &out_id), EV_PFC_RX, out_id, bpf_ntohs(f->time[PRIO_LOSSLESS]), bpf_ntohs(f->vector), 0);
 			return TC_ACT_SHOT;
 		}
-		struct port *out = bpf_map_lookup_elem(&ports, &out_id);
-		if (out) {
-			__sync_fetch_and_sub(&out->queue[prio], len);
+		from = bpf_map_lookup_elem(&ports, &out_id);
+		if (from) {
+			__sync_fetch_and_sub(&from->queue[prio], len);
 			struct port *in = in_id != NO_PORT ? bpf_map_lookup_elem(&ports, &in_id) : 0;
-			if (in && prio == PRIO_LOSSLESS && (out->flags & PORT_PFC)) {
-				__u64 held = __sync_fetch_and_sub(&in->held[prio], len) - len;
-				if (held < in->xon && in->xoff_state &&
-				    __sync_val_compare_and_swap(&in->xoff_state, 1, 0) == 1) {
-					__sync_fetch_and_add(&in->xon_crossings, 1);
-					emit(in, EV_XON, in_id, 0, 0, held);
-				}
-			}
+			if (in && prio == PRIO_LOSSLESS && (from->flags & PORT_PFC))
+				credit_held(in, in_id, prio, len);
 		}
 	}
-	if (!at_switch || prio != PRIO_LOSSLESS)
+	if (prio != PRIO_LOSSLESS)
 		return TC_ACT_OK;
+	if (!at_switch) {
+		/* A NIC in a PFC storm has stopped draining: what still reaches it is lost. */
+		if (from && from->peer_stalled) {
+			__sync_fetch_and_add(&from->peer_drops, 1);
+			return TC_ACT_SHOT;
+		}
+		return TC_ACT_OK;
+	}
 	__u32 *idp = bpf_map_lookup_elem(&port_of_ifindex, &ifindex);
 	if (!idp)
 		return TC_ACT_OK;
 	__u32 me_id = *idp;
 	struct port *me = bpf_map_lookup_elem(&ports, &me_id);
-	if (!me || !(me->flags & PORT_PFC))
+	if (!me)
+		return TC_ACT_OK;
+	__sync_fetch_and_add(&me->rx_lossless, 1);
+	if (!(me->flags & PORT_PFC))
 		return TC_ACT_OK;
 	__u64 held = __sync_fetch_and_add(&me->held[prio], len) + len;
 	if (held > me->max_held[prio])
