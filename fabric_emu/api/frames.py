@@ -137,6 +137,19 @@ THRESHOLDS = [
     Column("xon", "int", "bytes", "resume threshold"),
     Column("headroom", "int", "bytes", "bytes allowed in after a pause"),
 ]
+_WD = "PFC_WD_QUEUE_STATS_"
+PFCWD = [
+    Column("queue", "str", "", "port and lossless queue, as SONiC names it (leaf2-eth1:3)"),
+    Column("intf", "str", "", "interface name"),
+    Column("status", "str", "", "operational or stormed, at the end of the run"),
+    Column("pause_rx", "int", "frames", "PFC pauses the queue received"),
+    Column(f"{_WD}DEADLOCK_DETECTED", "int", "", "storms detected"),
+    Column(f"{_WD}DEADLOCK_RESTORED", "int", "", "storms restored"),
+    *[Column(f"{_WD}{k}{last}", "int", "packets", f"{what}, while stormed{' (the latest storm)' if last else ''}")
+      for last in ("", "_LAST")
+      for k, what in (("TX_PACKETS", "sent by the queue"), ("TX_DROPPED_PACKETS", "dropped by the queue"),
+                      ("RX_PACKETS", "entered by the port"), ("RX_DROPPED_PACKETS", "dropped on their way in"))],
+]
 JOBS = [
     Column("name", "str", "", "job name (the workload's type for a single workload)"),
     Column("type", "str", "", "allreduce, incast, pipeline, ..."),
@@ -154,7 +167,7 @@ JOBS = [
 FRAMES: dict[str, tuple[str | None, list[Column]]] = {
     "ports": ("ports.csv", PORTS), "flows": ("flows.csv", FLOWS), "rates": ("rates.csv", RATES),
     "queues": ("queues.csv", QUEUES), "pauses": ("pauses.csv", PAUSES),
-    "thresholds": ("thresholds.csv", THRESHOLDS), "jobs": (None, JOBS),
+    "thresholds": ("thresholds.csv", THRESHOLDS), "pfcwd": ("pfcwd.csv", PFCWD), "jobs": (None, JOBS),
 }
 
 

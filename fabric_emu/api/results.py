@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 LOAD_HELP = "allowed: a run's folder with summary.json, or a sweep folder with sweep.json and runs.csv"
-FRAME_NAMES = ("ports", "flows", "rates", "queues", "pauses", "thresholds", "jobs")
+FRAME_NAMES = ("ports", "flows", "rates", "queues", "pauses", "thresholds", "pfcwd", "jobs")
 
 
 class Results:
@@ -83,6 +83,7 @@ class Results:
     queues = property(lambda self: self.frame("queues"), doc="queues.csv: backlog samples per port")
     pauses = property(lambda self: self.frame("pauses"), doc="pauses.csv: one row per pause interval")
     thresholds = property(lambda self: self.frame("thresholds"), doc="thresholds.csv: limits per port")
+    pfcwd = property(lambda self: self.frame("pfcwd"), doc="pfcwd.csv: the PFC watchdog's counters per queue")
     jobs = property(lambda self: self.frame("jobs"), doc="summary.json's jobs, one row each")
 
     def scalars(self) -> dict[str, Any]:

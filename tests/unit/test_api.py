@@ -11,6 +11,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from fabric_emu.cc.pfcwd import Timers
+from fabric_emu.ports.watchdog import PortWatchdogs
+from fabric_emu.results.pfcwd import pfcwd_rows
 from fabric_emu.api import FRAME_NAMES, Experiment, Results, SpecError, Sweep, load
 from fabric_emu.api.frames import DTYPES, FRAMES
 from fabric_emu.measure.counters import PortCounters
@@ -105,7 +108,17 @@ def _run_folder(base: Path, seed: int = 1, size: str = "1MB") -> Path:
     folder.write_csv(run_dir / "thresholds.csv", [
         {"switch": "leaf1", "port": 1, "intf": "leaf1-eth1", "limit_p0": 1, "limit_p3": 2, "limit_p6": 3, "ecn": True,
          "kmin": 10, "kmax": 20, "pmax": 0.2, "pfc": False, "xoff": 30, "xon": 25, "headroom": 40}])
+    watchdog = PortWatchdogs(Timers(400_000, 800_000, 200_000), {7: ("leaf1-eth1", "leaf1")}, _Table(), D)
+    folder.write_csv(run_dir / "pfcwd.csv", pfcwd_rows({"watchdog": watchdog.report()}))
     return run_dir
+
+
+class _Table:
+    def get(self, *_) -> int:
+        return 3
+
+    def set(self, *_) -> None:
+        pass
 
 
 def test_frames_have_their_documented_columns_and_types(tmp_path):
@@ -125,6 +138,7 @@ def test_frames_have_their_documented_columns_and_types(tmp_path):
     assert pauses["duration_s"].tolist()[0] == pytest.approx(0.5) and pd.isna(pauses["end_s"].iloc[1])
     assert rates["rate_gbps"].tolist() == [50.0, 75.0] and rates["time_s"].tolist() == pytest.approx([0.2, 0.4])
     assert results.queues["paused"].tolist() == [True] and results.thresholds["ecn"].tolist() == [True]
+    assert results.pfcwd["queue"].tolist() == ["leaf1-eth1:3"] and results.pfcwd["status"].tolist() == ["operational"]
     jobs = results.jobs
     assert len(jobs) == 1 and jobs.loc[0, "jct_fabric_s"] == 2.5 / D and jobs.loc[0, "type"] == "incast"
     assert results.scalars() == {"status": "ok", "experiment": "incast", "workload": "incast", "ranks": 3,
@@ -160,7 +174,7 @@ def test_python_api_doc_lists_every_column():
     for name, (_, columns) in FRAMES.items():
         section = re.search(rf"^### `{name}`\n(.*?)(?=^#|\Z)", doc, re.S | re.M)
         assert section, name
-        listed = re.findall(r"^\| `([a-z0-9_]+)` \|", section.group(1), re.M)
+        listed = re.findall(r"^\| `([A-Za-z0-9_]+)` \|", section.group(1), re.M)
         assert listed == [c.name for c in columns], name
 
 
