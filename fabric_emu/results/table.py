@@ -92,6 +92,7 @@ def summary_rows(s: dict) -> list[Row]:
             add("lossless-class drops", f"{sw['lossless_drops']:,}", "")
             if sw.get("headroom_overruns"):  # only when fabric-emu paused late: see the fidelity warning
                 add("frames past the PFC headroom (late pauses)", f"{sw['headroom_overruns']:,}", "")
+    rows += _storm_rows(s)
     if "transport" in s:
         tr = s["transport"]
         add("RC: retransmitted pkts / NAKs / timeouts",
@@ -116,6 +117,25 @@ def summary_rows(s: dict) -> list[Row]:
     for th in threads[:3]:
         add(f"busiest thread: {th['label']} ({th['thread']})",
             f"{th['busy_mean']:.0%} / {th['busy_max']:.0%} of a core", "")
+    return rows
+
+
+def _storm_rows(s: dict) -> list[Row]:
+    """NIC storms and the PFC watchdog: what stormed, what the watchdog declared and dropped
+    (its egress drops are among "switch drops"; docs/pfc-watchdog.md)."""
+    rows: list[Row] = []
+    for st in s.get("pfc_storms") or []:
+        on, off = st.get("on_fabric_us"), st.get("off_fabric_us")
+        span = f"{on:,.0f} to {off:,.0f} us" if on is not None and off is not None else "?"
+        rows.append((f"PFC storm of {st['nic']}'s NIC", f"{span}, {st['pause_frames_sent']:,} pauses", ""))
+    wd = s.get("pfcwd")
+    if wd:
+        rows.append((f"PFC watchdog ({wd['action']}): storms detected / restored",
+                     f"{wd['storms_detected']} / {wd['storms_restored']}", ""))
+        if wd["queues_stormed"]:
+            rows.append(("PFC watchdog: queues stormed", ", ".join(wd["queues_stormed"]), ""))
+            rows.append(("PFC watchdog: packets dropped out / in",
+                         f"{wd['tx_dropped_packets']:,} / {wd['rx_dropped_packets']:,}", ""))
     return rows
 
 

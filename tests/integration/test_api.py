@@ -39,7 +39,8 @@ def test_api_run_gives_the_summary_the_command_does(cli_run, api_run):
     results, _ = api_run
     cli, api = load(cli_run).summary, results.summary
     assert api["status"] == cli["status"] == "ok"
-    assert set(api) == set(cli)
+    # pfc_reaction is there only when a pause was measured: the quickstart pauses in some runs only
+    assert set(api) - {"pfc_reaction"} == set(cli) - {"pfc_reaction"}
     assert set(api["transport"]) == set(cli["transport"]) and set(api["switch"]) == set(cli["switch"])
     for key in ("experiment", "load_balancing", "workload", "ranks", "size_bytes", "dilation",
                 "iterations_completed", "ecmp"):

@@ -31,3 +31,18 @@ def test_a_summary_without_the_nics_side_says_it_is_unknown():
     rows = rows_of({"status": "ok", "workload": "flows", "dilation": 4000, "switch": SWITCH})
     assert rows["PFC pauses received: switches / NICs"][0] == "0 / ?"
     assert rows["time paused (sum): switches / NICs"][0] == "0.0 / ? us"
+
+
+def test_a_storm_and_the_watchdog_have_rows_of_their_own():
+    """The watchdog's drops are among "switch drops": its rows say how many were its own."""
+    wd = {"action": "drop", "storms_detected": 1, "storms_restored": 1, "queues_stormed": ["leaf2-eth1"],
+          "tx_dropped_packets": 1827, "rx_dropped_packets": 0}
+    storms = [{"nic": "h4", "on_fabric_us": 1000.2, "off_fabric_us": 3000.1, "pause_frames_sent": 12}]
+    rows = rows_of({"status": "ok", "workload": "flows", "dilation": 2000, "switch": {**SWITCH, "drops": 1827},
+                    "nic": NIC, "pfc_storms": storms, "pfcwd": wd})
+    assert rows["PFC storm of h4's NIC"][0] == "1,000 to 3,000 us, 12 pauses"
+    assert rows["PFC watchdog (drop): storms detected / restored"][0] == "1 / 1"
+    assert rows["PFC watchdog: queues stormed"][0] == "leaf2-eth1"
+    assert rows["PFC watchdog: packets dropped out / in"][0] == "1,827 / 0"
+    assert not any("watchdog" in m for m in rows_of({"status": "ok", "workload": "flows", "dilation": 1,
+                                                      "switch": SWITCH}))
