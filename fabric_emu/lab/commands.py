@@ -187,13 +187,62 @@ def parse_link(words: list[str], links: set[frozenset[str]]) -> LinkRequest:
     return LinkRequest(a, b, state == "up")
 
 
+# `pfcwd start` keys -> the spec's pfcwd fields (SONiC's CLI names its timers detection-time, ...)
+PFCWD_KEYS = {"action": "action", "detection": "detection_time", "restoration": "restoration_time",
+              "poll": "poll_interval", "ports": "ports", "preset": "preset"}
+
+
+@dataclass(frozen=True)
+class PfcwdRequest:
+    show: str | None  # "config" | "stats" | None (a change)
+    overrides: dict[str, str] = field(default_factory=dict)
+    every_queue: bool = False  # show stats -e: queues that never stormed too
+
+
+def parse_pfcwd(words: list[str]) -> PfcwdRequest:
+    """`pfcwd start [action=drop|forward|alert detection=400us restoration=800us poll=200us
+    ports=all|host-facing preset=classroom|sonic]`, `pfcwd stop`, `pfcwd show config|stats [-e]`."""
+    if not words or words[:2] == ["show", "config"]:
+        return PfcwdRequest("config")
+    if words[:2] == ["show", "stats"]:
+        extra = words[2:]
+        if extra not in ([], ["-e"]):
+            raise LabInputError("pfcwd: show stats takes only -e (every queue, not just those that stormed)")
+        return PfcwdRequest("stats", every_queue=bool(extra))
+    if words == ["stop"]:
+        return PfcwdRequest(None, {"pfcwd.enabled": "false"})
+    if words[0] != "start":
+        raise LabInputError("pfcwd: expected start [key=value ...], stop, show config or show stats")
+    out = {"pfcwd.enabled": "true"}
+    for key, raw in key_values(words[1:], "pfcwd start").items():
+        if key not in PFCWD_KEYS:
+            raise LabInputError(f"pfcwd start: {key}: unknown setting (allowed: {', '.join(PFCWD_KEYS)})")
+        out[f"pfcwd.{PFCWD_KEYS[key]}"] = raw
+    return PfcwdRequest(None, out)
+
+
+def parse_storm(words: list[str]) -> dict[str, str]:
+    """`storm NIC FROM-TO` (as `storm h4 1ms-3ms`): that NIC storms in the next runs, between
+    two modelled times from the start of traffic; `storm none`: no storm. Either replaces the
+    experiment's events."""
+    if words == ["none"]:
+        return {"events": "[]"}
+    if len(words) != 2 or "-" not in words[1]:
+        raise LabInputError("storm: expected NIC FROM-TO (as `storm h4 1ms-3ms`) or none")
+    nic, (start, _, end) = words[0], words[1].partition("-")
+    if not start or not end:
+        raise LabInputError(f"storm: {words[1]!r}: expected FROM-TO, as 1ms-3ms")
+    return {"events": json.dumps([{"at": start, "nic": nic, "pfc_storm": "on"},
+                                  {"at": end, "nic": nic, "pfc_storm": "off"}])}
+
+
 # Keys `set` leaves to the command that applies them (or that cannot change with the fabric up).
 SET_ELSEWHERE = {"topology": "the fabric is built: leave the lab and start it with --set",
                  "load_balancing": "use lb", "ecn": "use ecn", "pfc": "use pfc", "workload": "use run",
                  "workloads": "use run", "congestion_control": "use cc", "dcqcn": "use dcqcn",
                  "spray": "the fabric is built with it: start the lab with --set",
                  "dlb": "the fabric is built with it: start the lab with --set",
-                 "capture": "the lab does not capture (use tcpdump on a node)", "name": "the lab's experiment keeps its name"}
+                 "capture": "the lab does not capture (use tcpdump on a node)", "pfcwd": "use pfcwd start|stop", "name": "the lab's experiment keeps its name"}
 
 
 def parse_set(words: list[str]) -> dict[str, str]:

@@ -200,6 +200,15 @@ class LabSession:
             self._apply_ports(spec)
         return spec
 
+    def set_watchdog(self, overrides: dict[str, str]) -> ExperimentSpec:
+        """pfcwd knobs: validated, then the PFC daemon restarted with the new watchdog."""
+        from fabric_emu.ports.model import watchdog_timers
+
+        spec = self.turn(overrides)
+        with no_interrupts():
+            self.routed.ports.set_watchdog(watchdog_timers(spec), spec.pfcwd.ports, spec.seed)
+        return spec
+
     def _apply_ports(self, spec: ExperimentSpec) -> None:
         from fabric_emu.ports.model import settings_of, switch_settings
 

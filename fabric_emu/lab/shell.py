@@ -28,8 +28,8 @@ PROMPT = "lab> "
 # Mininet's commands that make sense here, for `help` (its own `help mininet` shows them all).
 MININET_COMMANDS = ("nodes", "net", "links", "intfs", "dump", "pingall", "pingpair", "iperf",
                     "xterm", "sh", "py", "source")
-LAB_COMMANDS = ("run", "lb", "ecn", "pfc", "cc", "dcqcn", "set", "link", "ports", "queues", "flows",
-                "knobs", "runs", "save", "expect", "quit")
+LAB_COMMANDS = ("run", "lb", "ecn", "pfc", "pfcwd", "storm", "cc", "dcqcn", "set", "link", "ports", "queues",
+                "flows", "knobs", "runs", "save", "expect", "quit")
 DCQCN_KEYS = tuple(DcqcnSpec.model_fields)
 
 
@@ -210,6 +210,34 @@ class LabCLI(CLI):
         p = spec.pfc
         self.out.print(f"PFC {'on' if p.enabled else 'off'} at every switch port (xoff {p.xoff} B, "
                        f"xon {p.xon} B, headroom {p.headroom} B)", highlight=False)
+
+    def do_pfcwd(self, line: str) -> None:
+        """pfcwd start|stop|show config|show stats: the switches' PFC watchdog, as SONiC's CLI has it.
+        pfcwd start [action=drop|forward|alert detection=400us restoration=800us poll=200us
+                     ports=all|host-facing preset=classroom|sonic]   (applied now, for the next runs)
+        pfcwd stop
+        pfcwd show config               the watched ports, their action and timers
+        pfcwd show stats [-e]           the last run's counters per queue (-e: every queue)"""
+        req = commands.parse_pfcwd(shlex.split(line))
+        if req.show == "config":
+            views.print_pfcwd_config(self.out, self.session.spec, self.session.routed.ports.ports)
+        elif req.show == "stats":
+            views.print_pfcwd_stats(self.out, self._last_dir(), req.every_queue)
+        else:
+            wd = self.session.set_watchdog(req.overrides).pfcwd
+            self.out.print(f"PFC watchdog {'started' if wd.enabled else 'stopped'}"
+                           + (f": action {wd.action} on {wd.ports} switch ports, detection "
+                              f"{wd.detection_time * 1e6:g} us, restoration {wd.restoration_time * 1e6:g} us, "
+                              f"poll {wd.poll_interval * 1e6:g} us (modelled)" if wd.enabled else ""),
+                           highlight=False)
+
+    def do_storm(self, line: str) -> None:
+        """storm NIC FROM-TO | storm none: that NIC storms in the next runs (as `storm h4 1ms-3ms`: it stops draining and pauses its leaf from 1 ms to 3 ms of modelled time)."""
+        spec = self.session.turn(commands.parse_storm(shlex.split(line)))
+        storms = [e for e in spec.events if e.kind == "pfc_storm"]
+        self.out.print("no PFC storm in the next runs" if not storms else
+                       f"{storms[0].nic}'s NIC storms from {storms[0].at * 1e6:g} us to {storms[-1].at * 1e6:g} us"
+                       " (modelled) in the next runs", highlight=False)
 
     def do_cc(self, line: str) -> None:
         """cc dcqcn|none: the NICs' congestion control, from the next run on."""

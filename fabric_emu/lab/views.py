@@ -113,8 +113,61 @@ def print_knobs(out: Console, spec, lb_mode: str, links_down: list[str]) -> None
         ("DCQCN", f"preset {spec.dcqcn.preset}" + "".join(f", {k}={v}" for k, v in dq.items())),
         ("workload", " + ".join(w.type for w in spec.jobs)),
         ("links down", ", ".join(links_down) or "none"),
+        ("PFC watchdog", f"{spec.pfcwd.action} on {spec.pfcwd.ports} switch ports" if spec.pfcwd.enabled else "off"),
+        ("PFC storms", ", ".join(f"{e.nic} {e.pfc_storm} at {e.at * 1e6:g} us" for e in spec.events
+                                 if e.kind == "pfc_storm") or "none"),
     ]
     t = Table(show_header=False, box=None)
     for k, v in rows:
         t.add_row(k, v)
     out.print(t)
+
+
+def _sonic_table(headers: list[str], rows: list[list[str]]) -> str:
+    """A table as SONiC's CLI prints it (tabulate's "simple" layout, right-aligned)."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
+    return "\n".join([line(headers), "  ".join("-" * w for w in widths), *(line(r) for r in rows)])
+
+
+def _time(s: float) -> str:
+    return f"{s * 1e3:g}ms" if s >= 1e-3 else f"{s * 1e6:g}us"
+
+
+def print_pfcwd_config(out: Console, spec, ports) -> None:
+    """`pfcwd show config`: the watched ports with their action and timers (modelled time), as
+    SONiC lays it out; `ports` is the running PortPlan (what the PFC daemon watches)."""
+    wd = spec.pfcwd
+    if ports.watchdog is None:
+        out.print("PFC watchdog is not running (pfcwd start)", highlight=False)
+        return
+    out.print(f"Changed polling interval to {_time(wd.poll_interval)} (modelled; "
+              f"{wd.poll_interval * ports.dilation:.3f} s emulated)", markup=False, highlight=False)
+    rows = [[e.intf, wd.action, _time(wd.detection_time), _time(wd.restoration_time)] for e in ports.watched()]
+    out.print(_sonic_table(["PORT", "ACTION", "DETECTION TIME", "RESTORATION TIME"], rows),
+              markup=False, highlight=False)
+
+
+def print_pfcwd_stats(out: Console, last_run: Path | None, every_queue: bool) -> None:
+    """`pfcwd show stats`: the last run's watchdog counters per queue (its pfcwd.csv), as SONiC
+    prints them; queues that never stormed are left out unless every_queue (SONiC's -e)."""
+    rows = read_csv_rows(last_run / "pfcwd.csv") if last_run is not None else []
+    if not rows:
+        out.print("no watchdog counters: no run yet with the PFC watchdog on (pfcwd start, then run)",
+                  highlight=False)
+        return
+    w = "PFC_WD_QUEUE_STATS_"
+
+    def pair(r: dict, a: str, b: str) -> str:
+        return f"{r[w + a]}/{r[w + b]}"
+
+    shown = [r for r in rows if every_queue or int(r[w + "DEADLOCK_DETECTED"])]
+    table = [[r["queue"], r["status"], pair(r, "DEADLOCK_DETECTED", "DEADLOCK_RESTORED"),
+              pair(r, "TX_PACKETS", "TX_DROPPED_PACKETS"), pair(r, "RX_PACKETS", "RX_DROPPED_PACKETS"),
+              pair(r, "TX_PACKETS_LAST", "TX_DROPPED_PACKETS_LAST"),
+              pair(r, "RX_PACKETS_LAST", "RX_DROPPED_PACKETS_LAST")] for r in shown]
+    out.print(_sonic_table(["QUEUE", "STATUS", "STORM DETECTED/RESTORED", "TX OK/DROP", "RX OK/DROP",
+                            "TX LAST OK/DROP", "RX LAST OK/DROP"], table), markup=False, highlight=False)
+    if len(shown) < len(rows):
+        out.print(f"({len(rows) - len(shown)} queues that never stormed left out: pfcwd show stats -e)",
+                  highlight=False)

@@ -142,6 +142,7 @@ class PortPlan:
     watchdog: Timers | None = None  # the switches' PFC watchdog, when it runs
     watchdog_ports: str = "all"  # or "host-facing"
     watchdog_seed: int = 0  # each switch's poll phase (fabric_emu.ports.watchdog.poll_phase)
+    nic_stall_guard_s: float | None = None  # modelled: a storming NIC stops pausing after this long
 
     def settings(self, end: PortEnd) -> PortSettings:
         return self.switch if end.role == "switch" else self.host
@@ -156,9 +157,10 @@ class PortPlan:
 
 
 def port_plan(plan: FabricPlan, ecn: EcnSettings, pfc: PfcSettings, watchdog: Timers | None = None,
-              watchdog_ports: str = "all", seed: int = 0) -> PortPlan:
+              watchdog_ports: str = "all", seed: int = 0, nic_stall_guard_s: float | None = None) -> PortPlan:
     return PortPlan(port_ends(plan), switch_settings(plan, ecn, pfc), host_settings(plan),
-                    plan.dilation, plan.mtu, watchdog if pfc.enabled else None, watchdog_ports, seed)
+                    plan.dilation, plan.mtu, watchdog if pfc.enabled else None, watchdog_ports, seed,
+                    nic_stall_guard_s)
 
 
 def default_settings(plan: FabricPlan) -> tuple[EcnSettings, PfcSettings]:

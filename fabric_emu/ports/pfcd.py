@@ -86,6 +86,7 @@ class Config:
     watchdog: Timers | None = None
     watched: list[int] = field(default_factory=list)  # the switch ports it watches
     seed: int = 0  # the switches' poll phases
+    nic_stall_guard_s: float | None = None  # modelled; None: storming NICs never stop
 
     @classmethod
     def load(cls, path: str) -> "Config":
@@ -254,9 +255,13 @@ class Daemon:
             self._gate(port_id, r.on_timer(now))
             if r.paused_until is not None:
                 deadlines.append(r.paused_until)
-        for port_id, storm in self.storms.items():
+        for port_id, storm in list(self.storms.items()):
+            if self._guarded(port_id, now):
+                continue
             self._send(port_id, storm.on_timer(now))
             deadlines.append(storm.next_refresh)
+            if self.cfg.nic_stall_guard_s is not None:
+                deadlines.append(self.storm_now[port_id]["on_s"] + self.cfg.nic_stall_guard_s * self.cfg.dilation)
         if self.watchdog is not None:
             self._watchdog_poll(now)
             deadlines.append(self.watchdog.next_poll())
@@ -269,16 +274,28 @@ class Daemon:
             if port.role != "host" or port.peer_id not in self.ports:
                 continue
             stalled = bool(self.maps.table.get(port.peer_id, "peer_stalled"))
-            if stalled and port.id not in self.storms:
+            if stalled and port.id not in self.storm_now:
                 storm = PauseSender(MAX_QUANTA, REFRESH_FRACTION * self._pause_s(port, MAX_QUANTA))
                 self.storms[port.id] = storm
                 self.storm_now[port.id] = {"nic": port.node, "intf": port.intf, "on_s": now, "off_s": None,
                                            "frames": 0}
                 self.storm_log.append(self.storm_now[port.id])
                 self._send(port.id, storm.on_xoff(now))
-            elif not stalled and port.id in self.storms:
-                del self.storms[port.id]  # it recovers: no XON, its last pause runs out
+            elif not stalled and port.id in self.storm_now:
+                self.storms.pop(port.id, None)  # it recovers: no XON, its last pause runs out
                 self.storm_now.pop(port.id)["off_s"] = now
+
+    def _guarded(self, port_id: int, now: float) -> bool:
+        """The NIC's stall prevention (mlx5): paused this long without draining, it stops sending
+        pauses (its last one runs out) and counts an error event; it stays stalled."""
+        guard = self.cfg.nic_stall_guard_s
+        entry = self.storm_now[port_id]
+        if guard is None or now - entry["on_s"] < guard * self.cfg.dilation:
+            return False
+        del self.storms[port_id]
+        entry["guard_stopped_s"] = now
+        entry["tx_pause_storm_error_events"] = 1
+        return True
 
     def _watchdog_poll(self, now: float) -> None:
         assert self.watchdog is not None

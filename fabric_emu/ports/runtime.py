@@ -68,7 +68,8 @@ class LosslessPorts:
                                     self.ports.mtu, self.ports.settings(e).fifo_limits[3],
                                     netns_of.get(e.node), e.role == "switch" and bool(pfc and pfc.enabled))
                          for e in self.ports.ends], watchdog=self.ports.watchdog,
-                     watched=[e.id for e in self.ports.watched()], seed=self.ports.watchdog_seed)
+                     watched=[e.id for e in self.ports.watched()], seed=self.ports.watchdog_seed,
+                     nic_stall_guard_s=self.ports.nic_stall_guard_s)
         path = self.workdir / "pfcd.config.json"
         path.write_text(cfg.dump())
         log = open(self.workdir / "pfcd.log", "w")
@@ -93,6 +94,12 @@ class LosslessPorts:
         for end in self.ports.ends:
             if end.role == "switch":
                 datapath.configure(self.maps, end.id, bpf_config(self.ports.switch))
+        self.restart_daemon()
+
+    def set_watchdog(self, timers, ports: str, seed: int) -> None:
+        """A new PFC watchdog (None: none) with the fabric up and no traffic (a lab's `pfcwd`):
+        the daemon runs it, so it is restarted."""
+        self.ports = replace(self.ports, watchdog=timers, watchdog_ports=ports, watchdog_seed=seed)
         self.restart_daemon()
 
     def restart_daemon(self) -> dict:

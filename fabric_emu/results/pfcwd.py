@@ -52,7 +52,10 @@ def pfcwd_section(daemon: dict, t0: float, dilation: float, traffic_fabric_s: fl
         out["pfc_storms"] = [{"nic": s["nic"], "intf": s["intf"],
                               "on_fabric_us": _at(s["on_s"], t0, dilation)["fabric_us"],
                               "off_fabric_us": _at(s["off_s"], t0, dilation)["fabric_us"],
-                              "pause_frames_sent": s["frames"]}
+                              "pause_frames_sent": s["frames"],
+                              **({"guard_stopped_fabric_us": _at(s["guard_stopped_s"], t0, dilation)["fabric_us"],
+                                  "tx_pause_storm_error_events": s["tx_pause_storm_error_events"]}
+                                 if s.get("guard_stopped_s") is not None else {})}
                              for s in storms]
         out["pfc_storm_nic_drops"] = {intf.split("-")[0]: n for intf, n in sorted(nic_drops.items())}
     return out

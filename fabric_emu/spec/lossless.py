@@ -7,7 +7,7 @@ from typing import Optional
 
 from pydantic import Field
 
-from fabric_emu.spec.fields import Bytes, Strict
+from fabric_emu.spec.fields import Bytes, Seconds, Strict
 
 
 class EcnSpec(Strict):
@@ -43,6 +43,11 @@ class PfcSpec(Strict):
     cable_length: float = Field(default=100, ge=0, le=100_000,
                                 description="metres, for the headroom formula (Cumulus' default)")
     quanta: int = Field(default=0xFFFF, ge=1, le=0xFFFF, description="pause time, 512-bit-time quanta")
+    nic_stall_guard: Optional[Seconds] = Field(
+        default=None, gt=0, le=60,
+        description="the NICs' PFC stall prevention (mlx5 pfc-prevention-tout: 8 s by default, 100 ms in auto): "
+                    "a NIC that has paused its leaf this long without draining stops pausing (modelled time; "
+                    "default: off)")
 
 
 def resolve_thresholds(e: EcnSpec, p: PfcSpec, buf: int, need_headroom: int) -> tuple[int, int, int, int, int]:

@@ -12,7 +12,7 @@ from tests.integration.fabric_checks import REPO, fabric_emu, leftovers
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 HANDOUTS = [("ecmp-collisions", "ecmp-collision"), ("pfc-incast", "victim-flow"),
-            ("dcqcn-convergence", "convergence")]
+            ("dcqcn-convergence", "convergence"), ("pfc-storm", "pfc-storm")]
 
 
 @pytest.mark.parametrize("handout, experiment", HANDOUTS)

@@ -157,3 +157,20 @@ def test_a_storm_shorter_than_detection_is_not_detected(tmp_path_factory) -> Non
     assert s["pfcwd"]["storms_detected"] == 0 and s["pfcwd"]["polls"] > 0
     assert s["pfc_storms"][0]["pause_frames_sent"] >= 2  # it did storm, and paused leaf2-eth1
     assert any(p["intf"] == STORMED_PORT for p in read_csv(run / "pauses.csv"))
+
+
+def test_the_nics_stall_guard_stops_its_storm_and_counts_it(tmp_path_factory) -> None:
+    """mlx5's PFC stall prevention: after the timeout the NIC stops pausing (it stays stalled, so
+    what reaches it is lost), its leaf's port resumes once the last pause runs out."""
+    run = _ok(run_shipped(tmp_path_factory, "pfc-storm", "pfc.nic_stall_guard=500us"))
+    s = read_json(run / "summary.json")
+    (storm,) = s["pfc_storms"]
+    assert storm["tx_pause_storm_error_events"] == 1
+    assert 500 <= storm["guard_stopped_fabric_us"] - storm["on_fabric_us"] <= 500 + SLACK
+    pause_us = 65535 * 512 / 100e9 * 1e6  # the last pause, at the host link: 335.5 us
+    ends = [float(p["end_fabric_us"]) for p in read_csv(run / "pauses.csv")
+            if p["intf"] == STORMED_PORT and float(p["start_fabric_us"]) < STORM_OFF]
+    assert max(ends) <= storm["guard_stopped_fabric_us"] + pause_us + SLACK
+    assert s["pfc_storm_nic_drops"]["h4"] > 0
+    t = max(ends) + 80  # a buffer drain after the last pause ran out
+    assert gbps(received(run, "h2", "h5"), t, t + 300) >= 0.9 * before(run, "h2", "h5")

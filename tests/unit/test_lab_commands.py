@@ -81,3 +81,56 @@ def test_expect_shows_the_figures_it_compared():
 def test_expect_refuses_what_it_cannot_evaluate(text, msg):
     with pytest.raises(ExpectError, match=msg):
         evaluate(text, RUNS)
+
+
+def test_pfcwd_lines_become_watchdog_overrides_or_views():
+    req = c.parse_pfcwd("start action=forward detection=600us ports=host-facing".split())
+    assert req.show is None and req.overrides == {"pfcwd.enabled": "true", "pfcwd.action": "forward",
+                                                  "pfcwd.detection_time": "600us", "pfcwd.ports": "host-facing"}
+    assert c.parse_pfcwd(["stop"]).overrides == {"pfcwd.enabled": "false"}
+    assert c.parse_pfcwd([]).show == "config" and c.parse_pfcwd("show config".split()).show == "config"
+    stats = c.parse_pfcwd("show stats -e".split())
+    assert stats.show == "stats" and stats.every_queue
+    # the storm's events go through the spec's validation like --set
+    spec = load_experiment(REPO / "experiments" / "pfc-storm.yaml",
+                           [f"{k}={v}" for k, v in c.parse_storm("h5 500us-2ms".split()).items()])
+    assert [(e.nic, e.pfc_storm, e.at) for e in spec.events] == [("h5", "on", 500e-6), ("h5", "off", 2e-3)]
+    assert c.parse_storm(["none"]) == {"events": "[]"}
+
+
+@pytest.mark.parametrize("words, msg", [
+    ("start shutdown=1", "unknown setting"), ("restart", "expected start"), ("show stats -x", "only -e"),
+])
+def test_bad_pfcwd_lines_get_one_line(words, msg):
+    with pytest.raises(c.LabInputError, match=msg):
+        c.parse_pfcwd(words.split())
+
+
+@pytest.mark.parametrize("words", ["h4", "h4 1ms", "h4 -3ms", "h4 1ms-"])
+def test_bad_storm_lines_get_one_line(words):
+    with pytest.raises(c.LabInputError, match="storm"):
+        c.parse_storm(words.split())
+
+
+def test_pfcwd_views_print_as_sonic_does(tmp_path):
+    from rich.console import Console
+
+    from fabric_emu.lab import views
+
+    w = "PFC_WD_QUEUE_STATS_"
+    row = {"queue": "leaf2-eth1:3", "intf": "leaf2-eth1", "status": "stormed", "pause_rx": 12,
+           **{f"{w}{k}": 0 for k in ("DEADLOCK_RESTORED", "TX_PACKETS", "RX_PACKETS", "RX_DROPPED_PACKETS",
+                                     "TX_PACKETS_LAST", "RX_PACKETS_LAST", "RX_DROPPED_PACKETS_LAST")},
+           f"{w}DEADLOCK_DETECTED": 1, f"{w}TX_DROPPED_PACKETS": 300, f"{w}TX_DROPPED_PACKETS_LAST": 300}
+    quiet = {**row, "queue": "leaf1-eth1:3", "status": "operational", f"{w}DEADLOCK_DETECTED": 0,
+             f"{w}TX_DROPPED_PACKETS": 0, f"{w}TX_DROPPED_PACKETS_LAST": 0}
+    import csv
+    with open(tmp_path / "pfcwd.csv", "w", newline="") as f:
+        wr = csv.DictWriter(f, list(row))
+        wr.writeheader()
+        wr.writerows([quiet, row])
+    con = Console(record=True, width=200)
+    views.print_pfcwd_stats(con, tmp_path, every_queue=False)
+    text = con.export_text()
+    assert "STORM DETECTED/RESTORED" in text and "leaf2-eth1:3" in text and "leaf1-eth1:3" not in text
+    assert "stormed" in text and "0/300" in text and "1 queues that never stormed left out" in text
