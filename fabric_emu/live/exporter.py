@@ -78,9 +78,9 @@ def metric_families(snap: Snapshot | None) -> list[Metric]:
                 depth.add_metric([*_port_labels(p), str(prio)], p.queue_bytes[prio])
             if prio in p.paused:
                 paused.add_metric([*_port_labels(p), str(prio)], float(p.paused[prio]))
-    out += [link, depth, paused]
+    out += [link, depth, paused, *_storm_gauges(snap)]
     if snap.baseline:  # counters only once they count from traffic start (never go back)
-        out += _port_counters(snap)
+        out += _port_counters(snap) + _storm_counters(snap)
     out += _qps(snap)
     return out
 
@@ -123,6 +123,32 @@ def _port_counters(snap: Snapshot) -> list[Metric]:
                 pause.add_metric([*_port_labels(p), str(prio), direction], p.get(f"pause_{direction}_p{prio}"))
             held.add_metric([*_port_labels(p), str(prio)], p.counters.get(f"paused_fabric_us_p{prio}", 0) / 1e6)
     return [*out, pause, held]
+
+
+def _storm_gauges(snap: Snapshot) -> list[Metric]:
+    """The PFC watchdog's status of each port's lossless queue, and NIC storms beyond ports."""
+    stormed = GaugeMetricFamily("fabric_emu_pfcwd_stormed",
+                                "1 while the PFC watchdog holds the port's lossless queue stormed", labels=PORT_LABELS)
+    peer = GaugeMetricFamily("fabric_emu_pfc_storm_peer",
+                             "1 while the NIC beyond the port is in a PFC storm (stalled, pausing its leaf)",
+                             labels=PORT_LABELS)
+    for p in snap.ports:
+        stormed.add_metric(_port_labels(p), float(p.stormed))
+        peer.add_metric(_port_labels(p), float(p.peer_storming))
+    return [stormed, peer]
+
+
+def _storm_counters(snap: Snapshot) -> list[Metric]:
+    detected = CounterMetricFamily("fabric_emu_pfcwd_storms_detected",
+                                   "Storms the PFC watchdog detected on the port's lossless queue "
+                                   "(SONiC's PFC_WD_QUEUE_STATS_DEADLOCK_DETECTED)", labels=PORT_LABELS)
+    restored = CounterMetricFamily("fabric_emu_pfcwd_storms_restored",
+                                   "Storms the PFC watchdog restored on the port's lossless queue "
+                                   "(PFC_WD_QUEUE_STATS_DEADLOCK_RESTORED)", labels=PORT_LABELS)
+    for p in snap.ports:
+        detected.add_metric(_port_labels(p), p.storms_detected)
+        restored.add_metric(_port_labels(p), p.storms_restored)
+    return [detected, restored]
 
 
 def _qps(snap: Snapshot) -> list[Metric]:

@@ -3,7 +3,7 @@ run's work folder, named by the run record (RunRecord.live_path).
 
 The run (today `fabric-emu run`, later `fabric-emu lab`) writes it once its fabric is up, and
 rewrites it (atomically) as the run moves on: the baseline counters when traffic starts, GO,
-the final counters (ports.csv's rows) when traffic ends. Readers need nothing else: the port
+the final counters (ports.csv's rows, and the PFC watchdog's storm counts) when traffic ends. Readers need nothing else: the port
 list, the BPF pin folder, the NIC engines' live files, the controller's URL are all here.
 """
 
@@ -44,6 +44,7 @@ class LiveManifest:
     baseline: list[dict] | None = None  # PortCounters rows (asdict) when traffic started
     final: list[dict] | None = None  # PortCounters.row() of the traffic phase: ports.csv
     ended: float | None = None  # when traffic ended (epoch)
+    final_storms: dict[str, dict[str, int]] | None = None  # intf -> PFC watchdog storm counts then
     path: str = field(default="", repr=False)
 
     def save(self) -> None:

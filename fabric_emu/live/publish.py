@@ -11,6 +11,7 @@ from pathlib import Path
 
 from fabric_emu.live.manifest import LiveManifest, LivePort
 from fabric_emu.topo.plan import FabricPlan
+from fabric_emu.ports.layout import PortTable
 from fabric_emu.ports.model import PortEnd
 from fabric_emu.state.records import RunRecord
 
@@ -50,7 +51,7 @@ class RunPublisher:
         """Counters count from here (the run's `before` snapshot: PortCounters rows). In a lab
         this starts its next run: the previous run's final counters stop being shown."""
         self.manifest.baseline = [asdict(c) for c in before]
-        self.manifest.final = self.manifest.ended = self.manifest.go = None
+        self.manifest.final = self.manifest.final_storms = self.manifest.ended = self.manifest.go = None
         self.manifest.save()
         if self.server is not None:
             self.server.freeze(None)
@@ -59,10 +60,15 @@ class RunPublisher:
         self.manifest.go = t
         self.manifest.save()
 
-    def traffic_ended(self, rows: list[dict]) -> None:
+    def traffic_ended(self, rows: list[dict], table: PortTable | None = None) -> None:
         """The traffic phase's counters (ports.csv's rows): every reader shows these from now
-        on, and the exporter keeps serving them (with the NICs' last numbers) until close()."""
+        on, and the exporter keeps serving them (with the NICs' last numbers) until close().
+        table: the ports map, for the watchdog's storm counts (read now: a lab's next daemon
+        zeroes them)."""
+        from fabric_emu.live.reader import final_storms
+
         self.manifest.final = rows
+        self.manifest.final_storms = final_storms(table, self.manifest.ports) if table is not None else None
         self.manifest.ended = time.time()
         self.manifest.save()
         if self.server is not None:

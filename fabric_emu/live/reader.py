@@ -3,7 +3,8 @@
 Per snapshot: OpenFlow port statistics (one `ovs-ofctl dump-ports` per switch, the source of
 ports.csv), ONE netlink dump of the root namespace's qdiscs (the class FIFOs' drops and the
 RoCE class's tc backlog; every switch port lives there), the port programs' BPF map through
-mmap (ECN marks, admission drops, PFC pause counts and state: no system call), the NIC
+mmap (ECN marks, admission drops, PFC pause counts and state, the PFC watchdog's state and
+NIC storms: no system call), the NIC
 engines' once-a-second files, the controller's GET /lb, and /proc for CPU. The receive-socket
 drops of ovs-vswitchd need `ss` walking /proc, so they are refreshed only every few seconds.
 Needs root (the pinned BPF maps, OVS).
@@ -23,6 +24,7 @@ from fabric_emu.measure.fidelity import CPU_SATURATED, _cpu_times
 from fabric_emu.live.manifest import LiveManifest
 from fabric_emu.live.snapshot import PRIORITIES, PortSample, QpSample, Snapshot
 from fabric_emu.ports import queues
+from fabric_emu.ports.layout import PortTable
 from fabric_emu.measure.thread_cpu import CLK_TCK, ovs_vswitchd_pid, read_threads
 
 SOCKET_DROPS_EVERY_S = 5.0
@@ -42,6 +44,27 @@ def final_row(row: dict) -> dict:
     """A ports.csv row (PortCounters.row()) as counter_row has it."""
     out = {k: v for k, v in row.items() if k not in ("switch", "port", "intf", "peer", "kind")}
     out["ecn_marked"] = sum(row.get(f"ecn_marked_p{p}", 0) for p in PRIORITIES)
+    return out
+
+
+def storm_fields(table: PortTable, port_id: int) -> dict:
+    """A switch port's PFC watchdog and storm words as PortSample's fields. Not in
+    PORT_COUNTERS (that would add ports.csv columns): the daemon writes wd_* itself, counted
+    from its own start, and a run (each of a lab's runs) starts a fresh daemon that zeroes them
+    before traffic, so they count from traffic start as the other counters do."""
+    return {"stormed": bool(table.get(port_id, "wd_status")),
+            "storms_detected": table.get(port_id, "wd_detected"),
+            "storms_restored": table.get(port_id, "wd_restored"),
+            "peer_storming": bool(table.get(port_id, "peer_stalled"))}
+
+
+def final_storms(table: PortTable, ports: list) -> dict[str, dict[str, int]]:
+    """The storm counts of every LivePort when traffic ends, for the manifest: the views show
+    them with the final rows (nothing storms or is stormed once traffic is over)."""
+    out = {}
+    for lp in ports:
+        f = storm_fields(table, lp.id)
+        out[lp.intf] = {"storms_detected": f["storms_detected"], "storms_restored": f["storms_restored"]}
     return out
 
 
@@ -79,7 +102,9 @@ class LiveReader:
         taken = time.time()
         if m.final is not None:  # traffic over: the run's own final counters, exactly ports.csv
             by_intf = {r["intf"]: r for r in m.final}
-            ports = [self._sample(lp, final_row(by_intf.get(lp.intf, {})), {}, {}) for lp in m.ports]
+            storms = m.final_storms or {}
+            ports = [self._sample(lp, final_row(by_intf.get(lp.intf, {})), {}, {}, storms.get(lp.intf))
+                     for lp in m.ports]
             taken = m.ended or taken
         else:
             ports = self._live_ports(notes)
@@ -89,12 +114,14 @@ class LiveReader:
                         fidelity=self._fidelity(), baseline=m.baseline is not None, notes=notes)
         return snap
 
-    def _sample(self, lp, row: dict, queue_bytes: dict[int, int], paused: dict[int, bool]) -> PortSample:
-        return PortSample(lp.switch, lp.port, lp.intf, lp.peer, lp.kind, lp.gbps, row, queue_bytes, paused)
+    def _sample(self, lp, row: dict, queue_bytes: dict[int, int], paused: dict[int, bool],
+                storm: dict | None = None) -> PortSample:
+        return PortSample(lp.switch, lp.port, lp.intf, lp.peer, lp.kind, lp.gbps, row, queue_bytes, paused,
+                          **(storm or {}))
 
     def _live_ports(self, notes: list[str]) -> list[PortSample]:
         m = self.manifest
-        bpf, state = self._bpf(notes)
+        bpf, state, storms = self._bpf(notes)
         kernel = self._qdiscs(notes)
         socket_drops = self._socket_drops_now(notes)
         ovs: dict[str, dict[int, dict[str, int]]] = {}
@@ -114,11 +141,12 @@ class LiveReader:
             if (lp.switch, lp.port) in base:
                 c = c.minus(base[(lp.switch, lp.port)])
             out.append(self._sample(lp, counter_row(c, m.dilation), {p: k.get(p, (0, 0))[1] for p in PRIORITIES},
-                                    state.get(lp.intf, {})))
+                                    state.get(lp.intf, {}), storms.get(lp.intf)))
         return out
 
-    def _bpf(self, notes: list[str]) -> tuple[dict[str, dict[str, int]], dict[str, dict[int, bool]]]:
-        """The port programs' counters and the PFC pause state, by interface (mmap reads)."""
+    def _bpf(self, notes: list[str]) -> tuple[dict[str, dict[str, int]], dict[str, dict[int, bool]], dict[str, dict]]:
+        """The port programs' counters, the PFC pause state and the watchdog's state and NIC
+        storms (storm_fields), by interface (mmap reads)."""
         from fabric_emu.ports.datapath import PortMaps
 
         try:
@@ -128,10 +156,11 @@ class LiveReader:
             cnt = {lp.intf: maps.counters(lp.id) for lp in self.manifest.ports}
             paused = {lp.intf: {p: bool(maps.table.get(lp.id, "paused_since", p)) for p in PRIORITIES}
                       for lp in self.manifest.ports}
-            return cnt, paused
+            storms = {lp.intf: storm_fields(maps.table, lp.id) for lp in self.manifest.ports}
+            return cnt, paused, storms
         except OSError as e:
             notes.append(f"no BPF counters ({e.strerror or e}); ECN and PFC figures are missing")
-            return {}, {}
+            return {}, {}, {}
 
     def _qdiscs(self, notes: list[str]) -> dict[str, dict[int, tuple[int, int]]]:
         """{intf: {priority: (drops, backlog bytes)}} of every class qdisc, from one dump."""

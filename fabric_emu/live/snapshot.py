@@ -27,6 +27,11 @@ class PortSample:
     counters: dict[str, int]  # ports.csv columns: tx_bytes, drops, ecn_marked_p3, pause_tx_p3, ...
     queue_bytes: dict[int, int] = field(default_factory=dict)  # priority -> tc backlog now
     paused: dict[int, bool] = field(default_factory=dict)  # priority -> its gate closed by PFC now
+    # PFC watchdog on the port's lossless queue and storms (docs/pfc-watchdog.md)
+    stormed: bool = False  # the watchdog holds the queue stormed now
+    storms_detected: int = 0  # storms the watchdog declared on the queue, this run
+    storms_restored: int = 0  # and restored
+    peer_storming: bool = False  # the NIC beyond the port is in a PFC storm now
 
     def get(self, key: str) -> int:
         return int(self.counters.get(key, 0))
@@ -135,6 +140,26 @@ def qp_gbps(q: QpSample, dilation: float) -> float:
 
 def busiest_qps(snap: Snapshot, n: int) -> list[QpSample]:
     return sorted(snap.qps, key=lambda q: (-q.tx_bps, q.host, q.qpn))[:n]
+
+
+@dataclass(frozen=True)
+class StormSummary:
+    """The fabric's PFC watchdog and NIC storms now (empty when neither has happened)."""
+
+    stormed: list[str]  # interfaces whose lossless queue the watchdog holds stormed now
+    detected: int  # storms detected, all queues, this run
+    restored: int
+    nics_storming: list[str]  # hosts whose NIC storms now (the peers of their switch ports)
+
+    def __bool__(self) -> bool:  # worth a line: the watchdog acted, or a NIC storms
+        return bool(self.stormed or self.detected or self.nics_storming)
+
+
+def storm_summary(snap: Snapshot) -> StormSummary:
+    ports = snap.ports
+    return StormSummary([p.intf for p in ports if p.stormed], sum(p.storms_detected for p in ports),
+                        sum(p.storms_restored for p in ports),
+                        sorted({p.peer for p in ports if p.peer_storming}))
 
 
 def totals(snap: Snapshot) -> dict[str, int]:

@@ -14,7 +14,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from fabric_emu.live.snapshot import LOSSLESS, Snapshot, busiest_qps, port_rates, qp_gbps, totals
+from fabric_emu.live.snapshot import (LOSSLESS, PortSample, Snapshot, StormSummary, busiest_qps, port_rates, qp_gbps,
+                                      storm_summary, totals)
 
 TOP_QPS = 10
 PLAIN_WIDTH = 160
@@ -42,6 +43,34 @@ def header(snap: Snapshot) -> Text:
     return t
 
 
+def _pfc_cell(p: PortSample) -> str:
+    """PAUSED while PFC holds the RoCE class; STORMED while the watchdog holds it (then its
+    pauses may be ignored: both can show)."""
+    marks = (["[red]PAUSED[/]"] if p.paused.get(LOSSLESS) else []) + (["[bold magenta]STORMED[/]"] if p.stormed else [])
+    return " ".join(marks)
+
+
+def _peer_cell(p: PortSample) -> str:
+    return f"{p.peer} [bold magenta]storming[/]" if p.peer_storming else p.peer
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def storm_line(s: StormSummary) -> str:
+    """The footer's watchdog and NIC storm line, e.g. "PFC watchdog: 1 queue stormed now
+    (leaf2-eth1), 1 storm detected / 0 restored; NIC storming: h4"."""
+    parts = []
+    if s.stormed or s.detected:
+        now = f" ({', '.join(s.stormed)})" if s.stormed else ""
+        parts.append(f"PFC watchdog: {_plural(len(s.stormed), 'queue')} stormed now{now}, "
+                     f"{_plural(s.detected, 'storm')} detected / {s.restored} restored")
+    if s.nics_storming:
+        parts.append(f"NIC storming: {', '.join(s.nics_storming)}")
+    return "; ".join(parts)
+
+
 def render(prev: Snapshot | None, cur: Snapshot, max_ports: int | None = None) -> Group:
     rates = port_rates(prev, cur) if prev is not None else {}
     ports = Table(title="switch ports" + ("" if cur.baseline else " (counting from port creation)"),
@@ -50,16 +79,17 @@ def render(prev: Snapshot | None, cur: Snapshot, max_ports: int | None = None) -
                 "RoCE queue", "ECN marks", "PFC", "pauses to/from peer"):
         ports.add_column(col, justify="left" if col in ("switch", "peer", "PFC") else "right")
     shown = cur.ports
-    if max_ports is not None:  # the busiest first when they do not all fit
-        shown = sorted(cur.ports, key=lambda p: -(rates[p.intf].tx_gbps if p.intf in rates else 0))[:max_ports]
+    if max_ports is not None:  # stormed ones, then the busiest, when they do not all fit (a stormed port may send nothing)
+        shown = sorted(cur.ports, key=lambda p: (not (p.stormed or p.peer_storming),
+                                                 -(rates[p.intf].tx_gbps if p.intf in rates else 0)))[:max_ports]
     for p in shown:
         r = rates.get(p.intf)
         ports.add_row(
-            p.switch, str(p.port), p.peer,
+            p.switch, str(p.port), _peer_cell(p),
             f"{r.tx_gbps:6.1f}" if r else "-", f"{r.tx_util:4.0%}" if r else "-",
             f"{r.rx_gbps:6.1f}" if r else "-", f"{p.get('tx_bytes'):,}", f"{p.get('drops'):,}",
             _fmt_bytes(p.queue_bytes.get(LOSSLESS, 0)), f"{p.get('ecn_marked'):,}",
-            "[red]PAUSED[/]" if p.paused.get(LOSSLESS) else "",
+            _pfc_cell(p),
             f"{p.get('pause_tx_p3')}/{p.get('pause_rx_p3')}")
     qps = Table(title=f"busiest queue pairs (of {len(cur.qps)})", title_justify="left")
     for col in ("host", "qpn", "dst", "udp src", "Gb/s", "DCQCN limit", "sent", "CNPs rx", "CE at dst", "retx"):
@@ -73,14 +103,18 @@ def render(prev: Snapshot | None, cur: Snapshot, max_ports: int | None = None) -
     foot = Text(f"fabric: {tot['tx_bytes']:,} bytes sent by switch ports, {tot['drops']:,} drops, "
                 f"{tot['ecn_marked']:,} ECN marks, {tot['pause_tx_p3']:,} PFC pauses sent by switch ports"
                 f" ({to_nics:,} of them to NICs)", style="dim")
+    storms = storm_summary(cur)
+    storm = [Text(storm_line(storms), style="bold magenta")] if storms else []  # only once something stormed
     notes = [Text(n, style="yellow") for n in cur.notes]
-    return Group(header(cur), ports, qps, foot, *notes)
+    return Group(header(cur), ports, qps, foot, *storm, *notes)
 
 
 def json_view(prev: Snapshot | None, cur: Snapshot) -> dict:
-    """What --json prints: the snapshot, its port rates and its busiest QPs (modelled Gb/s)."""
+    """What --json prints: the snapshot (each port's stormed, storms_detected, storms_restored,
+    peer_storming among its fields), its port rates, the watchdog and NIC storms summed as the
+    footer has them, and its busiest QPs (modelled Gb/s)."""
     rates = port_rates(prev, cur) if prev is not None else {}
-    return {**cur.to_dict(), "rates": {k: asdict(v) for k, v in rates.items()},
+    return {**cur.to_dict(), "rates": {k: asdict(v) for k, v in rates.items()}, "storms": asdict(storm_summary(cur)),
             "busiest_qps": [{**asdict(q), "gbps": qp_gbps(q, cur.dilation)} for q in busiest_qps(cur, TOP_QPS)]}
 
 

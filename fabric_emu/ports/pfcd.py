@@ -46,7 +46,7 @@ from fabric_emu.kernel import bpfsys, rtnl
 from fabric_emu.ports import queues
 from fabric_emu.ports.datapath import PortMaps
 from fabric_emu.ports.layout import EV_PFC_RX, EV_XOFF, EV_XON, NO_PORT, Event
-from fabric_emu.ports.watchdog import PortWatchdogs
+from fabric_emu.ports.watchdog import PortWatchdogs, clear_status
 from fabric_emu.kernel.shaping import IPRoutePool, link_index
 
 SOL_PACKET = 263
@@ -171,6 +171,7 @@ class Daemon:
         self.storm_log: list[dict] = []
         self.storm_now: dict[int, dict] = {}  # host port -> its storm in progress (in storm_log)
         self.storm_tx: dict[str | None, socket.socket] = {}
+        clear_status(self.maps.table, self.ports)  # the map outlives a lab's daemons
         watched = {p.id: (p.intf, p.node) for p in cfg.ports if p.id in set(cfg.watched) and p.pfc}
         self.watchdog = (PortWatchdogs(cfg.watchdog, watched, self.maps.table, cfg.dilation, cfg.seed)
                          if cfg.watchdog is not None else None)

@@ -17,12 +17,14 @@ from __future__ import annotations
 import os
 import sys
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from fabric_emu.cc.pfcwd import QueueWatchdog, Sample, Timers
 from fabric_emu.ports.layout import PortTable
 
 LOSSLESS = 3
+STATUS_FIELDS = ("wd_status", "wd_detected", "wd_restored")  # the watchdog's live words in the ports map
 STATS = ("TX_PACKETS", "TX_DROPPED_PACKETS", "RX_PACKETS", "RX_DROPPED_PACKETS")
 PREFIX = "PFC_WD_QUEUE_STATS_"
 TRACE = bool(os.environ.get("FABRIC_EMU_WD_TRACE"))  # every poll of a paused queue, to logs/pfcd.log
@@ -44,6 +46,15 @@ class QueueBook:
         **{f"{PREFIX}DEADLOCK_DETECTED": 0, f"{PREFIX}DEADLOCK_RESTORED": 0},
         **{f"{PREFIX}{k}": 0 for k in STATS}, **{f"{PREFIX}{k}_LAST": 0 for k in STATS}})
     episode: dict | None = None  # the storm in progress
+
+
+def clear_status(table: PortTable, port_ids: Iterable[int]) -> None:
+    """Zero the watchdog's live words of these ports. Its counts are one daemon's, and a lab
+    starts a fresh daemon per run on the same map: a previous run's storms must not be read as
+    this run's (live views count them from here; traffic starts after)."""
+    for pid in port_ids:
+        for name in STATUS_FIELDS:
+            table.set(pid, name, 0)
 
 
 def poll_phase(seed: int, switch: str) -> float:

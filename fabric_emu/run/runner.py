@@ -306,7 +306,8 @@ class Runner:
         port_after = lossless.counters()
         ports = counters.delta(counters.snapshot(self.plan, port_after), before)
         nics = counters.nic_totals(self.plan, port_before, port_after)
-        self.live.traffic_ended([p.row(self.plan.dilation) for p in ports])
+        self.live.traffic_ended([p.row(self.plan.dilation) for p in ports],
+                                lossless.maps.table if lossless.maps is not None else None)
         for row in ports:
             row.max_backlog_bytes = queues.max_backlog.get(row.intf, 0)
         queues.shift(self._go_monotonic({"agents": agents, "traffic_start": queues.start}))
