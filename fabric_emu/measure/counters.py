@@ -211,6 +211,7 @@ def nic_totals(plan: FabricPlan, before: dict[str, dict[str, int]], after: dict[
     hosts = [h.intf for h in plan.hosts]
     paused_ns = sum(after[i]["paused_ns_p3"] - before[i]["paused_ns_p3"] for i in hosts)
     return {"pause_rx": sum(after[i]["pause_rx_p3"] - before[i]["pause_rx_p3"] for i in hosts),
+            "pause_tx": sum(after[i]["pause_tx_p3"] - before[i]["pause_tx_p3"] for i in hosts),
             "paused_fabric_us": round(paused_ns / 1e3 / plan.dilation, 3),
             "nics_paused": sum(1 for i in hosts if after[i]["paused_ns_p3"] > before[i]["paused_ns_p3"]),
             "paused_s_by_host": {h.name: (after[h.intf]["paused_ns_p3"] - before[h.intf]["paused_ns_p3"]) / 1e9

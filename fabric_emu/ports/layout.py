@@ -7,7 +7,7 @@ import struct
 from dataclasses import dataclass
 
 NPRIO = 8
-PORT_BYTES = 1024
+PORT_BYTES = 1088
 MAX_PORTS = 4096
 NO_PORT = 0xFFFF
 
@@ -15,7 +15,7 @@ PORT_SWITCH = 1
 PORT_ECN = 2
 PORT_PFC = 4
 
-EV_XOFF, EV_XON, EV_PFC_RX = 1, 2, 3
+EV_XOFF, EV_XON, EV_PFC_RX, EV_NIC_XOFF = 1, 2, 3, 4
 EVENT = struct.Struct("=QIIIIQ")  # time_ns, type, port, quanta, vector, bytes
 
 # (name, number of u64s), in declaration order
@@ -29,7 +29,9 @@ FIELDS: tuple[tuple[str, int], ...] = (
     ("pause_tx", NPRIO), ("pause_rx", NPRIO), ("paused_ns", NPRIO), ("paused_since", NPRIO),
     ("events_lost", 1),
     ("wd_drop", 1), ("peer_wd_drop", 1), ("peer_stalled", 1), ("rx_lossless", 1), ("rx_wd_drops", 1), ("peer_drops", 1),
-    ("wd_status", 1), ("wd_detected", 1), ("wd_restored", 1), ("reserved", 2),
+    ("wd_status", 1), ("wd_detected", 1), ("wd_restored", 1),
+    ("nic_rx_rate", 1), ("nic_rx_limit", 1), ("nic_rx_xoff", 1), ("nic_rx_occ", 1), ("nic_rx_last", 1),
+    ("nic_rx_state", 1), ("nic_rx_xoffs", 1), ("nic_rx_drops", 1), ("reserved", 2),
 )
 
 

@@ -143,6 +143,7 @@ class PortPlan:
     watchdog_ports: str = "all"  # or "host-facing"
     watchdog_seed: int = 0  # each switch's poll phase (fabric_emu.ports.watchdog.poll_phase)
     nic_stall_guard_s: float | None = None  # modelled: a storming NIC stops pausing after this long
+    nic_receive: tuple[float, int, int, int] | None = None  # NICs' drain (modelled b/s), buffer, xoff, xon
 
     def settings(self, end: PortEnd) -> PortSettings:
         return self.switch if end.role == "switch" else self.host
@@ -157,10 +158,19 @@ class PortPlan:
 
 
 def port_plan(plan: FabricPlan, ecn: EcnSettings, pfc: PfcSettings, watchdog: Timers | None = None,
-              watchdog_ports: str = "all", seed: int = 0, nic_stall_guard_s: float | None = None) -> PortPlan:
+              watchdog_ports: str = "all", seed: int = 0, nic_stall_guard_s: float | None = None,
+              nic_receive: tuple[float, int, int, int] | None = None) -> PortPlan:
     return PortPlan(port_ends(plan), switch_settings(plan, ecn, pfc), host_settings(plan),
                     plan.dilation, plan.mtu, watchdog if pfc.enabled else None, watchdog_ports, seed,
-                    nic_stall_guard_s)
+                    nic_stall_guard_s, nic_receive if pfc.enabled else None)
+
+
+def nic_receive_config(plan: PortPlan) -> dict[str, int]:
+    """The nic_rx_* config words of a switch port facing a host (zeros: not modelled)."""
+    if plan.nic_receive is None:
+        return {"nic_rx_rate": 0, "nic_rx_limit": 0, "nic_rx_xoff": 0}
+    bps, buffer, xoff, _ = plan.nic_receive
+    return {"nic_rx_rate": max(1, round(bps / 8 / plan.dilation)), "nic_rx_limit": buffer, "nic_rx_xoff": xoff}
 
 
 def default_settings(plan: FabricPlan) -> tuple[EcnSettings, PfcSettings]:

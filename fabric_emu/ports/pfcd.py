@@ -12,6 +12,9 @@ them into frames and gates, with the pure state machines of fabric_emu.cc.pfc:
 
 * A host NIC in a PFC storm (its switch port's peer_stalled, set by the run's events) ->
   XOFF with full quanta from that NIC, refreshed every half pause, never XON.
+* A NIC whose modelled receive buffer crossed xoff (EV_NIC_XOFF from its switch port's
+  program) -> XOFF from that NIC, refreshed; XON once the buffer, drained at the host's rate,
+  is below xon (a time the daemon computes: no frame arrives to tell).
 * The PFC watchdog (fabric_emu.ports.watchdog), when the run has one: every poll it samples
   each switch port's lossless queue and carries out its action on a storm: drop (the port's
   gate stays open, its pauses are ignored, the programs drop its lossless frames both ways),
@@ -45,7 +48,7 @@ from fabric_emu.cc.pfcwd import Timers
 from fabric_emu.kernel import bpfsys, rtnl
 from fabric_emu.ports import queues
 from fabric_emu.ports.datapath import PortMaps
-from fabric_emu.ports.layout import EV_PFC_RX, EV_XOFF, EV_XON, NO_PORT, Event
+from fabric_emu.ports.layout import EV_NIC_XOFF, EV_PFC_RX, EV_XOFF, EV_XON, NO_PORT, Event
 from fabric_emu.ports.watchdog import PortWatchdogs, clear_status
 from fabric_emu.kernel.shaping import IPRoutePool, link_index
 
@@ -87,6 +90,7 @@ class Config:
     watched: list[int] = field(default_factory=list)  # the switch ports it watches
     seed: int = 0  # the switches' poll phases
     nic_stall_guard_s: float | None = None  # modelled; None: storming NICs never stop
+    nic_rx_xon: int | None = None  # the NICs' receive buffers resume below this (None: not modelled)
 
     @classmethod
     def load(cls, path: str) -> "Config":
@@ -171,6 +175,8 @@ class Daemon:
         self.storm_log: list[dict] = []
         self.storm_now: dict[int, dict] = {}  # host port -> its storm in progress (in storm_log)
         self.storm_tx: dict[str | None, socket.socket] = {}
+        self.nic_senders: dict[int, PauseSender] = {}  # host port -> its receive buffer's pauses
+        self.nic_rx_before = self._nic_rx()  # the map outlives a lab's daemons
         clear_status(self.maps.table, self.ports)  # the map outlives a lab's daemons
         watched = {p.id: (p.intf, p.node) for p in cfg.ports if p.id in set(cfg.watched) and p.pfc}
         self.watchdog = (PortWatchdogs(cfg.watchdog, watched, self.maps.table, cfg.dilation, cfg.seed)
@@ -218,6 +224,8 @@ class Daemon:
             self._send(ev.port, self.senders[ev.port].on_xoff(now))
         elif ev.type == EV_XON and ev.port in self.senders:
             self._send(ev.port, self.senders[ev.port].on_xon(now))
+        elif ev.type == EV_NIC_XOFF and ev.port in self.ports:
+            self._nic_xoff(self.ports[ev.port].peer_id, now)
         elif ev.type == EV_PFC_RX and ev.port in self.ports and ev.vector & (1 << LOSSLESS):
             receiver = self.ports[ev.port].peer_id
             if receiver == NO_PORT or receiver not in self.ports:
@@ -237,6 +245,11 @@ class Daemon:
             if self.mitigated.get(port_id) != "forward":
                 self._send(port_id, s.on_level(bool(self.maps.table.get(port_id, "xoff_state")), now))
         self._storms(now)
+        if self.cfg.nic_rx_xon is not None:  # an XOFF the ring buffer lost leaves nic_rx_state set
+            for port in self.ports.values():
+                if port.role == "host" and port.peer_id in self.ports and \
+                        self.maps.table.get(port.peer_id, "nic_rx_state") and port.id not in self.nic_senders:
+                    self._nic_xoff(port.id, now)
 
     def _timers(self, now: float) -> float | None:
         if now >= self.next_reconcile:
@@ -256,6 +269,9 @@ class Daemon:
             self._gate(port_id, r.on_timer(now))
             if r.paused_until is not None:
                 deadlines.append(r.paused_until)
+        for host, s in self.nic_senders.items():
+            if s.asserted:
+                deadlines.append(self._nic_drain(host, s, now))
         for port_id, storm in list(self.storms.items()):
             if self._guarded(port_id, now):
                 continue
@@ -285,6 +301,37 @@ class Daemon:
             elif not stalled and port.id in self.storm_now:
                 self.storms.pop(port.id, None)  # it recovers: no XON, its last pause runs out
                 self.storm_now.pop(port.id)["off_s"] = now
+
+    def _nic_xoff(self, host: int, now: float) -> None:
+        """A NIC's receive buffer crossed xoff: it pauses its leaf (refreshed until it drains)."""
+        if host not in self.ports:
+            return
+        s = self.nic_senders.get(host)
+        if s is None:
+            s = self.nic_senders[host] = PauseSender(
+                self.cfg.quanta, REFRESH_FRACTION * self._pause_s(self.ports[host], self.cfg.quanta))
+        if not s.asserted:
+            self._send(host, s.on_xoff(now))
+
+    def _nic_drain(self, host: int, s: PauseSender, now: float) -> float:
+        """Resume the leaf once the NIC's buffer has drained below xon, else refresh; returns
+        when to look again. The buffer's bytes are the program's count minus what the host took
+        since (its rate, emulated bytes per second; bpf_ktime_get_ns is CLOCK_MONOTONIC)."""
+        t, x = self.maps.table, self.ports[host].peer_id
+        rate = max(1, t.get(x, "nic_rx_rate"))
+        held = t.get(x, "nic_rx_occ") - (time.monotonic_ns() - t.get(x, "nic_rx_last")) * rate / 1e9
+        xon = self.cfg.nic_rx_xon or 0
+        if held < xon:
+            t.set(x, "nic_rx_state", 0)  # the program may cross xoff again from here
+            self._send(host, s.on_xon(now))
+            return now + IDLE_POLL_S
+        self._send(host, s.on_timer(now))
+        return min(s.next_refresh or now, now + (held - xon) / rate)
+
+    def _nic_rx(self) -> dict[str, tuple[int, int]]:
+        """Per host NIC: (xoff crossings, frames dropped) of its receive buffer so far."""
+        return {p.intf: (self.maps.table.get(p.peer_id, "nic_rx_xoffs"), self.maps.table.get(p.peer_id, "nic_rx_drops"))
+                for p in self.ports.values() if p.role == "host" and p.peer_id in self.ports}
 
     def _guarded(self, port_id: int, now: float) -> bool:
         """The NIC's stall prevention (mlx5): paused this long without draining, it stops sending
@@ -398,6 +445,9 @@ class Daemon:
         for entry in self.storm_log:
             if entry["off_s"] is None:
                 entry["off_s"] = now_ns / 1e9
+        nic_rx = {intf: {"xoffs": x - self.nic_rx_before.get(intf, (0, 0))[0],
+                         "drops": d - self.nic_rx_before.get(intf, (0, 0))[1]}
+                  for intf, (x, d) in self._nic_rx().items()} if self.cfg.nic_rx_xon is not None else None
         now_drops = self._peer_drops()
         storm_drops = {intf: n - self.peer_drops_before.get(intf, 0) for intf, n in now_drops.items()
                        if n > self.peer_drops_before.get(intf, 0)}
@@ -410,7 +460,7 @@ class Daemon:
                 "frames_sent": self.frames_sent, "frames_received": self.frames_received,
                 "events": self.events, "errors": self.errors[:20],
                 "events_lost": events_lost, "watchdog": watchdog,
-                "storms": self.storm_log, "storm_nic_drops": storm_drops}
+                "storms": self.storm_log, "storm_nic_drops": storm_drops, "nic_receive": nic_rx}
 
     def _peer_drops(self) -> dict[str, int]:
         """Per host NIC: lossless frames it dropped while stalled (counted at its switch port)."""

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from fabric_emu.ports import datapath
 from fabric_emu.ports.layout import NPRIO, PORT_ECN, PORT_PFC
-from fabric_emu.ports.model import PortPlan, PortSettings, bpf_config
+from fabric_emu.ports.model import PortPlan, PortSettings, bpf_config, nic_receive_config
 from fabric_emu.ports.pfcd import Config, DaemonPort
 from fabric_emu.state.records import RunRecord
 
@@ -53,9 +53,7 @@ class LosslessPorts:
         """Configure and attach the programs on every link end (their class trees built), then
         wait for the daemon launch() started."""
         assert self.maps is not None, "launch() first"
-        for end in self.ports.ends:
-            if end.role == "switch":
-                datapath.configure(self.maps, end.id, bpf_config(self.ports.switch))
+        self._configure_switch_ports()
         datapath.attach(self.pins, self.ports.ends, self.netns_of, self.maps)
         self._wait_daemon()
 
@@ -69,7 +67,8 @@ class LosslessPorts:
                                     netns_of.get(e.node), e.role == "switch" and bool(pfc and pfc.enabled))
                          for e in self.ports.ends], watchdog=self.ports.watchdog,
                      watched=[e.id for e in self.ports.watched()], seed=self.ports.watchdog_seed,
-                     nic_stall_guard_s=self.ports.nic_stall_guard_s)
+                     nic_stall_guard_s=self.ports.nic_stall_guard_s,
+                     nic_rx_xon=self.ports.nic_receive[3] if self.ports.nic_receive else None)
         path = self.workdir / "pfcd.config.json"
         path.write_text(cfg.dump())
         log = open(self.workdir / "pfcd.log", "w")
@@ -91,10 +90,20 @@ class LosslessPorts:
         ports send pauses and with what quanta, is restarted. The kernel FIFOs stay as built."""
         assert self.maps is not None
         self.ports = replace(self.ports, switch=replace(switch, fifo_limits=self.ports.switch.fifo_limits))
-        for end in self.ports.ends:
-            if end.role == "switch":
-                datapath.configure(self.maps, end.id, bpf_config(self.ports.switch))
+        self._configure_switch_ports()
         self.restart_daemon()
+
+    def _configure_switch_ports(self) -> None:
+        """Every switch port's config words; those facing a host also model its NIC's receive
+        buffer (or not), starting empty."""
+        roles = {e.id: e.role for e in self.ports.ends}
+        for end in self.ports.ends:
+            if end.role != "switch":
+                continue
+            datapath.configure(self.maps, end.id, bpf_config(self.ports.switch))
+            if roles[end.peer_id] == "host":
+                datapath.configure(self.maps, end.id, {**nic_receive_config(self.ports), "nic_rx_occ": 0,
+                                                       "nic_rx_last": 0, "nic_rx_state": 0})
 
     def set_watchdog(self, timers, ports: str, seed: int) -> None:
         """A new PFC watchdog (None: none) with the fabric up and no traffic (a lab's `pfcwd`):

@@ -1,5 +1,5 @@
-"""The PFC watchdog and NIC storms in the results: summary.json's `pfcwd` and `pfc_storms`
-blocks and pfcwd.csv (SONiC's counters per queue). Pure: the input is the PFC daemon's log,
+"""PFC from the NICs' side and the switches' watchdog in the results: summary.json's `pfcwd`,
+`pfc_storms` and `nic_receive` blocks and pfcwd.csv (SONiC's counters per queue). Pure: the input is the PFC daemon's log,
 whose times are on the monotonic clock; t0 is the agents' GO on that clock."""
 
 from __future__ import annotations
@@ -58,6 +58,8 @@ def pfcwd_section(daemon: dict, t0: float, dilation: float, traffic_fabric_s: fl
                                  if s.get("guard_stopped_s") is not None else {})}
                              for s in storms]
         out["pfc_storm_nic_drops"] = {intf.split("-")[0]: n for intf, n in sorted(nic_drops.items())}
+    if daemon.get("nic_receive") is not None:  # slow receivers: the NICs' receive buffers
+        out["nic_receive"] = {intf.split("-")[0]: v for intf, v in sorted(daemon["nic_receive"].items())}
     return out
 
 
@@ -77,4 +79,5 @@ def storm_drops(daemon: dict) -> int:
     (made at the peer's egress; its egress drops are in the switch's own)."""
     wd = daemon.get("watchdog") or {}
     rx = sum(q.get(f"{PREFIX}RX_DROPPED_PACKETS", 0) for q in (wd.get("queues") or {}).values())
-    return sum((daemon.get("storm_nic_drops") or {}).values()) + rx
+    nic_rx = sum(v["drops"] for v in (daemon.get("nic_receive") or {}).values())
+    return sum((daemon.get("storm_nic_drops") or {}).values()) + rx + nic_rx

@@ -124,6 +124,12 @@ def _storm_rows(s: dict) -> list[Row]:
     """NIC storms and the PFC watchdog: what stormed, what the watchdog declared and dropped
     (its egress drops are among "switch drops"; docs/pfc-watchdog.md)."""
     rows: list[Row] = []
+    if (s.get("nic") or {}).get("pause_tx"):  # NICs that paused their leaf (storms, slow receivers)
+        rows.append(("PFC pauses sent by NICs", f"{s['nic']['pause_tx']:,}", ""))
+    if s.get("nic_receive"):
+        nr = s["nic_receive"].values()
+        rows.append(("NIC receive buffers: xoff crossings / drops",
+                     f"{sum(v['xoffs'] for v in nr):,} / {sum(v['drops'] for v in nr):,}", ""))
     for st in s.get("pfc_storms") or []:
         on, off = st.get("on_fabric_us"), st.get("off_fabric_us")
         span = f"{on:,.0f} to {off:,.0f} us" if on is not None and off is not None else "?"

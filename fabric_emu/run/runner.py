@@ -232,7 +232,9 @@ class Runner:
         t = time.monotonic()
         ports = port_plan(self.plan, *settings_of(self.spec), watchdog=watchdog_timers(self.spec),
                           watchdog_ports=self.spec.pfcwd.ports, seed=self.spec.seed,
-                          nic_stall_guard_s=self.spec.pfc.nic_stall_guard)
+                          nic_stall_guard_s=self.spec.pfc.nic_stall_guard,
+                          nic_receive=(lambda r: (r.drain, r.buffer, r.xoff, r.xon) if r else None)(
+                              self.spec.pfc.nic_receive))
         d = self.plan.dilation
         dlb = (round(self.spec.dlb.inactivity * d * 1e9), round(self.spec.dlb.quality_window * d * 1e9))
         self.routed = RoutedFabric(self.plan, record, workdir, self.spec.load_balancing, ports=ports,

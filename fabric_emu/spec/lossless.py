@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from fabric_emu.spec.fields import Bytes, Seconds, Strict
+from fabric_emu.spec.errors import problem_at
+from fabric_emu.spec.fields import Bytes, Rate, Seconds, Strict
 
 
 class EcnSpec(Strict):
@@ -22,6 +23,26 @@ class EcnSpec(Strict):
     kmin: Optional[Bytes] = Field(default=None, ge=0, description="no marks at or below this depth")
     kmax: Optional[Bytes] = Field(default=None, gt=0, description="every ECT packet marked above it")
     pmax: float = Field(default=0.2, gt=0, le=1, description="mark probability at kmax")
+
+
+class NicReceiveSpec(Strict):
+    """A slow receiver: every host NIC holds the lossless bytes that reach it until its host takes
+    them at `drain` (PCIe, memory: a modelled rate below the link's); above xoff it pauses its
+    leaf's port (PFC, refreshed), below xon it resumes it; what does not fit the buffer is lost."""
+
+    drain: Rate = Field(gt=0, description="how fast the host takes received bytes from the NIC (modelled)")
+    buffer: Bytes = Field(default=512_000, gt=0, description="the NIC's receive buffer")
+    xoff: Bytes = Field(default=128_000, gt=0, description="bytes held above which the NIC pauses its leaf")
+    xon: Bytes = Field(default=64_000, ge=0, description="bytes held below which it resumes it")
+
+    @model_validator(mode="after")
+    def _order(self):
+        if not self.xon < self.xoff:
+            raise problem_at("NicReceiveSpec", ("xon",), f"{self.xon} B is not below xoff ({self.xoff} B)", self.xon)
+        if not self.xoff < self.buffer:
+            raise problem_at("NicReceiveSpec", ("xoff",), f"{self.xoff} B is not below buffer ({self.buffer} B)",
+                             self.xoff)
+        return self
 
 
 class PfcSpec(Strict):
@@ -48,6 +69,9 @@ class PfcSpec(Strict):
         description="the NICs' PFC stall prevention (mlx5 pfc-prevention-tout: 8 s by default, 100 ms in auto): "
                     "a NIC that has paused its leaf this long without draining stops pausing (modelled time; "
                     "default: off)")
+    nic_receive: Optional[NicReceiveSpec] = Field(
+        default=None, description="the NICs' receive buffers, drained at a rate below the link's: NICs that "
+                                  "pause their leaf (default: none, a NIC takes whatever arrives)")
 
 
 def resolve_thresholds(e: EcnSpec, p: PfcSpec, buf: int, need_headroom: int) -> tuple[int, int, int, int, int]:

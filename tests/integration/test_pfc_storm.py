@@ -174,3 +174,18 @@ def test_the_nics_stall_guard_stops_its_storm_and_counts_it(tmp_path_factory) ->
     assert s["pfc_storm_nic_drops"]["h4"] > 0
     t = max(ends) + 80  # a buffer drain after the last pause ran out
     assert gbps(received(run, "h2", "h5"), t, t + 300) >= 0.9 * before(run, "h2", "h5")
+
+
+def test_a_slow_receiver_pauses_its_leaf_and_gets_its_drain_rate(tmp_path_factory) -> None:
+    """NICs whose hosts take 50 Gb/s of a 100 Gb/s link: each receive buffer crosses xoff, the
+    NIC pauses its leaf, and each flow gets the drain rate with nothing lost."""
+    run = _ok(run_shipped(tmp_path_factory, "pfc-storm", "events=[]", "background=[]",
+                          "workload={type: flows, flows: [{src: h1, dst: h4, size: 20MB}, {src: h2, dst: h5, size: 20MB}]}",
+                          "pfc.nic_receive={drain: 50Gbps}"))
+    s = read_json(run / "summary.json")
+    assert all(45 <= f["goodput_gbps"] <= 50.5 for f in s["flows"]), s["flows"]
+    assert s["nic"]["pause_tx"] > 0 and s["nic_receive"]["h4"]["xoffs"] > 0 and s["nic_receive"]["h5"]["xoffs"] > 0
+    assert all(v["drops"] == 0 for v in s["nic_receive"].values())
+    assert s["switch"]["lossless_drops"] == 0 and s["transport"]["retransmitted_packets"] == 0
+    paused = {p["intf"] for p in read_csv(run / "pauses.csv") if p["node"] == "leaf2"}
+    assert {"leaf2-eth1", "leaf2-eth2"} <= paused  # the leaf's ports towards h4 and h5, paused by them

@@ -204,3 +204,25 @@ def test_bad_watchdog_and_storm_settings_are_one_clear_line(sets, field, words) 
 def test_storm_events_take_yaml_on_and_off() -> None:
     spec, _, _ = load_checked(STORM, [])
     assert [(e.kind, e.nic, e.pfc_storm) for e in spec.events] == [("pfc_storm", "h4", "on"), ("pfc_storm", "h4", "off")]
+
+
+@pytest.mark.parametrize("value, field, words", [
+    ("{drain: 50Gbps, xoff: 100KB, xon: 100KB}", "pfc.nic_receive.xon", "not below xoff"),
+    ("{drain: 50Gbps, buffer: 100KB}", "pfc.nic_receive.xoff", "not below buffer"),
+    ("{xoff: 100KB}", "pfc.nic_receive.drain", "required"),
+])
+def test_bad_nic_receive_buffers_are_one_clear_line(value, field, words) -> None:
+    got_field, msg = _problem(f"pfc.nic_receive={value}")
+    assert got_field == field and words.lower() in msg.lower(), (got_field, msg)
+
+
+def test_nic_receive_becomes_the_switch_ports_config_words() -> None:
+    from fabric_emu.ports.model import nic_receive_config, port_plan, settings_of
+
+    spec, plan, _ = load_checked(STORM, ["pfc.nic_receive={drain: 50Gbps}"])
+    r = spec.pfc.nic_receive
+    pp = port_plan(plan, *settings_of(spec), nic_receive=(r.drain, r.buffer, r.xoff, r.xon))
+    # 50 Gb/s modelled at dilation 2000: 3.125 MB/s emulated
+    assert nic_receive_config(pp) == {"nic_rx_rate": 3_125_000, "nic_rx_limit": 512_000, "nic_rx_xoff": 128_000}
+    off = port_plan(plan, *settings_of(spec))
+    assert nic_receive_config(off)["nic_rx_rate"] == 0

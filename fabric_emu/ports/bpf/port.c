@@ -69,7 +69,7 @@
 #define PORT_ECN 2
 #define PORT_PFC 4
 
-enum event_type { EV_XOFF = 1, EV_XON = 2, EV_PFC_RX = 3 };
+enum event_type { EV_XOFF = 1, EV_XON = 2, EV_PFC_RX = 3, EV_NIC_XOFF = 4 };
 
 /* One entry per port id. The layout is mirrored in fabric_emu/ports/layout.py (a unit test
  * compares the two). Userspace writes the config part, the programs the state and counters,
@@ -115,9 +115,18 @@ struct port {
 	__u64 peer_drops;	/* programs: lossless frames sent here that the stalled NIC dropped */
 	__u64 wd_status;	/* daemon: 1 while the watchdog holds this queue stormed */
 	__u64 wd_detected, wd_restored;	/* daemon: storms detected and restored on this queue */
+	/* The receive buffer of the NIC beyond this switch port (a slow receiver), when modelled:
+	 * lossless bytes arriving there are held until the host takes them at nic_rx_rate; above
+	 * nic_rx_xoff the NIC pauses this port (the daemon sends it, and its XON once the buffer
+	 * has drained below its xon: draining is a matter of time, not of arrivals). */
+	__u64 nic_rx_rate;	/* userspace: emulated bytes per second the host drains; 0: not modelled */
+	__u64 nic_rx_limit, nic_rx_xoff;	/* userspace: the buffer, and where it pauses */
+	__u64 nic_rx_occ, nic_rx_last;	/* programs: bytes held at nic_rx_last (ktime ns) */
+	__u64 nic_rx_state;	/* programs set it at xoff, the daemon clears it at xon */
+	__u64 nic_rx_xoffs, nic_rx_drops;	/* programs: xoff crossings; frames beyond the buffer */
 	__u64 reserved[2];
 };
-_Static_assert(sizeof(struct port) == 1024, "struct port must stay 1024 bytes");
+_Static_assert(sizeof(struct port) == 1088, "struct port must stay 1088 bytes (fabric_emu/ports/layout.py)");
 
 struct event {
 	__u64 time_ns;	/* bpf_ktime_get_ns: CLOCK_MONOTONIC */
@@ -266,6 +275,30 @@ static __always_inline void credit_held(struct port *in, __u32 in_id, __u32 prio
 	}
 }
 
+/* The NIC's receive buffer (see struct port): what the host drained since the last frame
+ * leaves it, this frame enters it, or is dropped when it does not fit. One NIC's frames arrive
+ * on its veth's one receive path, so plain stores are enough. */
+static __always_inline int nic_receive(struct port *from, __u32 from_id, __u32 len)
+{
+	__u64 now = bpf_ktime_get_ns(), last = from->nic_rx_last, occ = from->nic_rx_occ;
+	__u64 drained = last && now > last ? (now - last) * from->nic_rx_rate / 1000000000ULL : 0;
+
+	occ = occ > drained ? occ - drained : 0;
+	from->nic_rx_last = now;
+	if (occ + len > from->nic_rx_limit) {
+		from->nic_rx_occ = occ;
+		__sync_fetch_and_add(&from->nic_rx_drops, 1);
+		return TC_ACT_SHOT;
+	}
+	occ += len;
+	from->nic_rx_occ = occ;
+	if (occ >= from->nic_rx_xoff && __sync_val_compare_and_swap(&from->nic_rx_state, 0, 1) == 0) {
+		__sync_fetch_and_add(&from->nic_rx_xoffs, 1);
+		emit(from, EV_NIC_XOFF, from_id, 0, 0, occ);
+	}
+	return TC_ACT_OK;
+}
+
 /* RED as DCQCN deployments use it, on the instantaneous depth: 0 up to kmin, rising linearly
  * to pmax at kmax, 1 above. */
 static __always_inline int should_mark(struct port *p, __u64 depth)
@@ -398,6 +431,7 @@ static __always_inline int ingress(struct __sk_buff *skb, int at_switch)
 	struct iphdr *ip;
 	__u32 len = skb->len, ifindex = skb->ifindex;
 	struct port *from = 0;	/* the switch port that sent this frame, when it is tagged */
+	__u32 from_id = NO_PORT;
 
 	if ((void *)(eth + 1) > end)
 		return TC_ACT_OK;
@@ -414,6 +448,7 @@ static __always_inline int ingress(struct __sk_buff *skb, int at_switch)
 			return TC_ACT_SHOT;
 		}
 		from = bpf_map_lookup_elem(&ports, &out_id);
+		from_id = out_id;
 		if (from) {
 			__sync_fetch_and_sub(&from->queue[prio], len);
 			struct port *in = in_id != NO_PORT ? bpf_map_lookup_elem(&ports, &in_id) : 0;
@@ -429,6 +464,8 @@ static __always_inline int ingress(struct __sk_buff *skb, int at_switch)
 			__sync_fetch_and_add(&from->peer_drops, 1);
 			return TC_ACT_SHOT;
 		}
+		if (from && from->nic_rx_rate)
+			return nic_receive(from, from_id, len);
 		return TC_ACT_OK;
 	}
 	__u32 *idp = bpf_map_lookup_elem(&port_of_ifindex, &ifindex);
