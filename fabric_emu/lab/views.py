@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fabric_emu.live.snapshot import Snapshot
+from fabric_emu.spec.units import format_time
 
 
 def read_csv_rows(path: Path) -> list[dict]:
@@ -130,10 +131,6 @@ def _sonic_table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line(headers), "  ".join("-" * w for w in widths), *(line(r) for r in rows)])
 
 
-def _time(s: float) -> str:
-    return f"{s * 1e3:g}ms" if s >= 1e-3 else f"{s * 1e6:g}us"
-
-
 def print_pfcwd_config(out: Console, spec, ports) -> None:
     """`pfcwd show config`: the watched ports with their action and timers (modelled time), as
     SONiC lays it out; `ports` is the running PortPlan (what the PFC daemon watches)."""
@@ -141,9 +138,9 @@ def print_pfcwd_config(out: Console, spec, ports) -> None:
     if ports.watchdog is None:
         out.print("PFC watchdog is not running (pfcwd start)", highlight=False)
         return
-    out.print(f"Changed polling interval to {_time(wd.poll_interval)} (modelled; "
+    out.print(f"Changed polling interval to {format_time(wd.poll_interval)} (modelled; "
               f"{wd.poll_interval * ports.dilation:.3f} s emulated)", markup=False, highlight=False)
-    rows = [[e.intf, wd.action, _time(wd.detection_time), _time(wd.restoration_time)] for e in ports.watched()]
+    rows = [[e.intf, wd.action, format_time(wd.detection_time), format_time(wd.restoration_time)] for e in ports.watched()]
     out.print(_sonic_table(["PORT", "ACTION", "DETECTION TIME", "RESTORATION TIME"], rows),
               markup=False, highlight=False)
 

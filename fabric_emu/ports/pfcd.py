@@ -55,6 +55,7 @@ from fabric_emu.kernel.shaping import IPRoutePool, link_index
 SOL_PACKET = 263
 PACKET_QDISC_BYPASS = 20
 LOSSLESS = queues.LOSSLESS
+HOST_COUNTS = ("peer_drops", "nic_rx_xoffs", "nic_rx_drops")  # kept per NIC at its leaf's port
 IDLE_POLL_S = 0.2
 REALTIME_PRIORITY = 10  # SCHED_FIFO; the loop only ever blocks in epoll, so it cannot hog a core
 # Sent through a port's qdisc right after its gate opens: a TBF that was closed is not
@@ -176,13 +177,14 @@ class Daemon:
         self.storm_now: dict[int, dict] = {}  # host port -> its storm in progress (in storm_log)
         self.storm_tx: dict[str | None, socket.socket] = {}
         self.nic_senders: dict[int, PauseSender] = {}  # host port -> its receive buffer's pauses
-        self.nic_rx_before = self._nic_rx()  # the map outlives a lab's daemons
+        # host NICs whose leaf port is in the map: storms and receive buffers are counted there
+        self.host_ports = [p for p in cfg.ports if p.role == "host" and p.peer_id in self.ports]
+        self.counted_before = {name: self._at_leaf(name) for name in HOST_COUNTS}  # the map outlives a lab's daemons
         clear_status(self.maps.table, self.ports)  # the map outlives a lab's daemons
         watched = {p.id: (p.intf, p.node) for p in cfg.ports if p.id in set(cfg.watched) and p.pfc}
         self.watchdog = (PortWatchdogs(cfg.watchdog, watched, self.maps.table, cfg.dilation, cfg.seed)
                          if cfg.watchdog is not None else None)
         self.mitigated: dict[int, str] = {}  # port -> the watchdog's action holding it
-        self.peer_drops_before = self._peer_drops()  # the map outlives a lab's daemons
 
     def _pause_s(self, port: DaemonPort, quanta: int) -> float:
         return pause_seconds(quanta, port.gbps, self.cfg.dilation)
@@ -246,9 +248,8 @@ class Daemon:
                 self._send(port_id, s.on_level(bool(self.maps.table.get(port_id, "xoff_state")), now))
         self._storms(now)
         if self.cfg.nic_rx_xon is not None:  # an XOFF the ring buffer lost leaves nic_rx_state set
-            for port in self.ports.values():
-                if port.role == "host" and port.peer_id in self.ports and \
-                        self.maps.table.get(port.peer_id, "nic_rx_state") and port.id not in self.nic_senders:
+            for port in self.host_ports:
+                if self.maps.table.get(port.peer_id, "nic_rx_state") and port.id not in self.nic_senders:
                     self._nic_xoff(port.id, now)
 
     def _timers(self, now: float) -> float | None:
@@ -287,9 +288,7 @@ class Daemon:
     # ------------------------------------------------------------------ storms and the watchdog
     def _storms(self, now: float) -> None:
         """Start or end each host NIC's storm as its switch port's peer_stalled says."""
-        for port in self.ports.values():
-            if port.role != "host" or port.peer_id not in self.ports:
-                continue
+        for port in self.host_ports:
             stalled = bool(self.maps.table.get(port.peer_id, "peer_stalled"))
             if stalled and port.id not in self.storm_now:
                 storm = PauseSender(MAX_QUANTA, REFRESH_FRACTION * self._pause_s(port, MAX_QUANTA))
@@ -328,10 +327,14 @@ class Daemon:
         self._send(host, s.on_timer(now))
         return min(s.next_refresh or now, now + (held - xon) / rate)
 
-    def _nic_rx(self) -> dict[str, tuple[int, int]]:
-        """Per host NIC: (xoff crossings, frames dropped) of its receive buffer so far."""
-        return {p.intf: (self.maps.table.get(p.peer_id, "nic_rx_xoffs"), self.maps.table.get(p.peer_id, "nic_rx_drops"))
-                for p in self.ports.values() if p.role == "host" and p.peer_id in self.ports}
+    def _at_leaf(self, name: str) -> dict[str, int]:
+        """A counter the programs keep for each host NIC at its leaf's port, by the NIC's interface."""
+        return {p.intf: self.maps.table.get(p.peer_id, name) for p in self.host_ports}
+
+    def _counted(self, name: str) -> dict[str, int]:
+        """That counter since this daemon started (a lab's fabric keeps its map between runs)."""
+        before = self.counted_before[name]
+        return {intf: n - before.get(intf, 0) for intf, n in self._at_leaf(name).items()}
 
     def _guarded(self, port_id: int, now: float) -> bool:
         """The NIC's stall prevention (mlx5): paused this long without draining, it stops sending
@@ -445,12 +448,10 @@ class Daemon:
         for entry in self.storm_log:
             if entry["off_s"] is None:
                 entry["off_s"] = now_ns / 1e9
-        nic_rx = {intf: {"xoffs": x - self.nic_rx_before.get(intf, (0, 0))[0],
-                         "drops": d - self.nic_rx_before.get(intf, (0, 0))[1]}
-                  for intf, (x, d) in self._nic_rx().items()} if self.cfg.nic_rx_xon is not None else None
-        now_drops = self._peer_drops()
-        storm_drops = {intf: n - self.peer_drops_before.get(intf, 0) for intf, n in now_drops.items()
-                       if n > self.peer_drops_before.get(intf, 0)}
+        xoffs, drops = self._counted("nic_rx_xoffs"), self._counted("nic_rx_drops")
+        nic_rx = ({intf: {"xoffs": xoffs[intf], "drops": drops[intf]} for intf in xoffs}
+                  if self.cfg.nic_rx_xon is not None else None)
+        storm_drops = {intf: n for intf, n in self._counted("peer_drops").items() if n > 0}
         for s in (self.tx, *self.kick.values(), *self.netlink.values(), *self.storm_tx.values()):
             s.close()
         self.ring.close()
@@ -461,11 +462,6 @@ class Daemon:
                 "events": self.events, "errors": self.errors[:20],
                 "events_lost": events_lost, "watchdog": watchdog,
                 "storms": self.storm_log, "storm_nic_drops": storm_drops, "nic_receive": nic_rx}
-
-    def _peer_drops(self) -> dict[str, int]:
-        """Per host NIC: lossless frames it dropped while stalled (counted at its switch port)."""
-        return {p.intf: self.maps.table.get(p.peer_id, "peer_drops") for p in self.ports.values()
-                if p.role == "host" and p.peer_id in self.ports}
 
 
 def split_reaction(crossed: tuple[int, int], frame_seen: tuple[int, int], closed_ns: int) -> dict[str, float]:

@@ -149,12 +149,10 @@ class LosslessPorts:
         """Start or end a PFC storm of `host`'s NIC: its switch port's peer_stalled (the port
         programs drop what reaches the stalled NIC), then the daemon, woken, sends the pauses."""
         assert self.maps is not None and self.daemon is not None
-        ends = {e.id: e for e in self.ports.ends}
         ports = [e.peer_id for e in self.ports.ends if e.role == "host" and e.node == host]
         if not ports:
             raise ValueError(f"no NIC of host {host!r}")
-        for port in ports:
-            assert ends[port].role == "switch"
+        for port in ports:  # a NIC's peer is its leaf's port
             self.maps.table.set(port, "peer_stalled", int(on))
         self.daemon.send_signal(signal.SIGUSR1)
 

@@ -73,7 +73,7 @@ def pfcwd_rows(daemon: dict) -> list[dict]:
     return rows
 
 
-def storm_drops(daemon: dict) -> int:
+def drops_counted_off_the_switches(daemon: dict) -> int:
     """Lost packets that counters saw outside the switches' drop counters: frames a storming NIC
     dropped (it had stopped draining) and the watchdog's drops on a stormed queue's ingress
     (made at the peer's egress; its egress drops are in the switch's own)."""

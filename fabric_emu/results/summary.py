@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from fabric_emu.kernel.ovs_datapath import datapath_fields
 from fabric_emu.results.jobs import jobs_section, ring_section
-from fabric_emu.results.pfcwd import pfcwd_section, storm_drops
+from fabric_emu.results.pfcwd import drops_counted_off_the_switches, pfcwd_section
 from fabric_emu.results.routing import routing_section
 from fabric_emu.results.switch import reaction_summary, switch_section
 from fabric_emu.results.transport import flows_section, transport_section
@@ -30,7 +30,7 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
     ports = traffic.get("ports") or []
     daemon = traffic.get("pfc_daemon") or {}
     switch = switch_section(plan, ports)
-    transport = transport_section(plan, agents, switch["switch"]["drops"] + storm_drops(daemon) if switch else None)
+    transport = transport_section(plan, agents, switch["switch"]["drops"] + drops_counted_off_the_switches(daemon) if switch else None)
     reaction = reaction_summary(daemon, plan.dilation)
     unexplained = transport.get("transport", {}).get("unexplained_loss_packets", 0)
     return {

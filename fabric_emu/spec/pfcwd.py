@@ -17,6 +17,7 @@ from pydantic import Field, model_validator
 
 from fabric_emu.spec.errors import problem_at
 from fabric_emu.spec.fields import Seconds, Strict
+from fabric_emu.spec.units import format_time
 
 PRESETS: dict[str, dict[str, float]] = {
     "classroom": {"detection_time": 400e-6, "restoration_time": 800e-6, "poll_interval": 200e-6},
@@ -25,10 +26,6 @@ PRESETS: dict[str, dict[str, float]] = {
 # orchagent's and the pfcwd CLI's ranges, seconds (pfcwdorch.cpp, sonic-utilities pfcwd/main.py)
 SONIC_RANGES: dict[str, tuple[float, float]] = {
     "detection_time": (0.1, 5.0), "restoration_time": (0.1, 60.0), "poll_interval": (0.1, 3.0)}
-
-
-def _ms(s: float) -> str:
-    return f"{s * 1e3:g} ms" if s >= 1e-3 else f"{s * 1e6:g} us"
 
 
 class PfcwdSpec(Strict):
@@ -73,13 +70,13 @@ class PfcwdSpec(Strict):
         if self.preset == "sonic":
             for k, (lo, hi) in SONIC_RANGES.items():
                 if not lo <= given[k] <= hi:
-                    raise problem_at("PfcwdSpec", (k,), f"{_ms(given[k])} is outside SONiC's range "
-                                     f"{_ms(lo)}..{_ms(hi)} (preset: sonic)", given[k])
+                    raise problem_at("PfcwdSpec", (k,), f"{format_time(given[k])} is outside SONiC's range "
+                                     f"{format_time(lo)}..{format_time(hi)} (preset: sonic)", given[k])
         det, res, poll = given["detection_time"], given["restoration_time"], given["poll_interval"]
         if poll > det:
             raise problem_at("PfcwdSpec", ("poll_interval",),
-                             f"{_ms(poll)} is longer than detection_time ({_ms(det)})", given["poll_interval"])
+                             f"{format_time(poll)} is longer than detection_time ({format_time(det)})", given["poll_interval"])
         if res < det:
             raise problem_at("PfcwdSpec", ("restoration_time",),
-                             f"{_ms(res)} is below detection_time ({_ms(det)})", given["restoration_time"])
+                             f"{format_time(res)} is below detection_time ({format_time(det)})", given["restoration_time"])
         return self

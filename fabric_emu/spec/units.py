@@ -71,6 +71,14 @@ def format_size(n: float) -> str:
     return f"{int(n)}B"
 
 
+def format_time(s: float) -> str:
+    """Seconds as a spec writes them: 400us, 200ms, 1.5s."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3)):
+        if s >= scale:
+            return f"{s / scale:g}{unit}"
+    return f"{s * 1e6:g}us"
+
+
 def format_rate(bps: float) -> str:
     for unit, scale in (("Gbps", 1e9), ("Mbps", 1e6), ("Kbps", 1e3)):
         if bps >= scale:

@@ -10,7 +10,7 @@ import pytest
 
 from fabric_emu.cc.pfcwd import QueueWatchdog, Sample, Timers
 from fabric_emu.ports.watchdog import PREFIX, PortWatchdogs, poll_phase
-from fabric_emu.results.pfcwd import pfcwd_rows, pfcwd_section, storm_drops
+from fabric_emu.results.pfcwd import pfcwd_rows, drops_counted_off_the_switches, pfcwd_section
 from fabric_emu.run.prepare import load_checked
 from fabric_emu.spec.errors import SpecError
 
@@ -163,7 +163,7 @@ def test_summary_has_the_episode_in_modelled_time_and_the_explained_drops() -> N
     assert e["restored_fabric_us"] == pytest.approx(3300.0)
     assert s["pfcwd"]["storms_per_fabric_s"] == 100.0
     assert s["pfc_storms"][0]["on_fabric_us"] == 1000.0 and s["pfc_storm_nic_drops"] == {"h4": 5}
-    assert storm_drops(daemon) == 12
+    assert drops_counted_off_the_switches(daemon) == 12
     assert pfcwd_rows(daemon)[0]["queue"] == "leaf2-eth1:3"
 
 

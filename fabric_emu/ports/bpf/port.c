@@ -109,7 +109,8 @@ struct port {
 				 * egress, since Open vSwitch's userspace datapath reads a port's
 				 * frames before its tc ingress hook could drop them */
 	__u64 peer_stalled;	/* runner: the NIC beyond this switch port has stalled (a PFC storm) */
-	__u64 rx_lossless;	/* programs: lossless data frames that entered the switch here */
+	__u64 rx_lossless;	/* programs: lossless data frames that entered the switch here while
+				 * the watchdog held this queue stormed (wd_status) */
 	__u64 rx_wd_drops;	/* programs: lossless frames for here the watchdog's drop action
 				 * dropped at the peer's egress (switch peers only) */
 	__u64 peer_drops;	/* programs: lossless frames sent here that the stalled NIC dropped */
@@ -475,7 +476,8 @@ static __always_inline int ingress(struct __sk_buff *skb, int at_switch)
 	struct port *me = bpf_map_lookup_elem(&ports, &me_id);
 	if (!me)
 		return TC_ACT_OK;
-	__sync_fetch_and_add(&me->rx_lossless, 1);
+	if (me->wd_status)	/* SONiC's RX counters count only while the queue is stormed */
+		__sync_fetch_and_add(&me->rx_lossless, 1);
 	if (!(me->flags & PORT_PFC))
 		return TC_ACT_OK;
 	__u64 held = __sync_fetch_and_add(&me->held[prio], len) + len;
