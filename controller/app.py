@@ -35,9 +35,9 @@ from os_ken.lib import hub
 from os_ken.ofproto import ofproto_v1_5 as ofp
 from os_ken.ofproto import ofproto_v1_5_parser as parser
 
-from controller.core import (UPLINK_BUILDERS, Action, Conflict, DeleteFlows, FabricCore, Flow, Group, LbOptions,
-                             Message, Output, PacketOut, ResetSwitch, SetEthSrc, ToController,
-                             ToGroup)
+from controller.core import (TTL_COOKIE, UPLINK_BUILDERS, Action, Conflict, DecTtl, DeleteFlows, FabricCore,
+                             Flow, Group, LbOptions, Message, Output, PacketOut, ResetSwitch, SetEthSrc,
+                             ToController, ToGroup)
 from controller.rest import make_app
 from fabric_emu.spec import units
 from fabric_emu.topo.plan import FabricPlan
@@ -122,7 +122,19 @@ def _actions(actions: Iterable[Action]) -> list[parser.OFPAction]:
                 out.append(parser.OFPActionOutput(ofp.OFPP_CONTROLLER, ofp.OFPCML_NO_BUFFER))
             case SetEthSrc(mac):
                 out.append(parser.OFPActionSetField(eth_src=mac))
+            case DecTtl():
+                out.append(parser.OFPActionDecNwTtl())
     return out
+
+
+def _watch(port: int | None, group: int | None) -> list:
+    """OpenFlow 1.5 bucket properties that make a bucket live only while a port (or a group) is."""
+    props = []
+    if port is not None:
+        props.append(parser.OFPGroupBucketPropWatch(type_=ofp.OFPGBPT_WATCH_PORT, watch=port))
+    if group is not None:
+        props.append(parser.OFPGroupBucketPropWatch(type_=ofp.OFPGBPT_WATCH_GROUP, watch=group))
+    return props
 
 
 def to_ofp(dp: Datapath, msg: Message) -> list[parser.MsgBase]:
@@ -134,7 +146,8 @@ def to_ofp(dp: Datapath, msg: Message) -> list[parser.MsgBase]:
                                       match=parser.OFPMatch()),
                     parser.OFPGroupMod(dp, command=ofp.OFPGC_DELETE, group_id=ofp.OFPG_ALL)]
         case Group():
-            buckets = [parser.OFPBucket(bucket_id=b.bucket_id, actions=_actions(b.actions))
+            buckets = [parser.OFPBucket(bucket_id=b.bucket_id, actions=_actions(b.actions),
+                                        properties=_watch(b.watch_port, b.watch_group))
                        for b in msg.buckets]
             props = ([NtrSelectionMethod("hash", msg.hash_fields, msg.hash_basis, masks=msg.hash_masks)]
                      if msg.hash_fields or msg.hash_masks else [])
@@ -182,6 +195,7 @@ class FabricApp(app_manager.OSKenApp):
         self.link_changes: list[dict] = []  # links that went down or came back, and the reroute
         self._port_up: dict[tuple[int, int], bool] = {}  # (dpid, port) -> as last reported
         self._ports: dict[int, dict[int, tuple[float, int, float]]] = {}  # dpid -> port -> (t, tx_bytes, bps)
+        self._ttl: dict[str, dict[int, int]] = {}  # the last ttl_expired() answers
         LOG.info("plan %s, lb_mode %s, expecting dpids %s", self.core.plan.name, conf.lb_mode,
                  [hex(d) for d in self.core.expected_dpids()])
         if conf.rest_port:
@@ -248,7 +262,8 @@ class FabricApp(app_manager.OSKenApp):
                 "spray_entropies": self.core.options.spray_entropies or 0,
                 "uplinks": uplinks, "load_interval_s": LOAD_POLL_S, "changes": self.changes,
                 "links_down": sorted("-".join(sorted(link)) for link in self.core.down),
-                "link_changes": self.link_changes, "dlb": self._dlb_state()}
+                "link_changes": self.link_changes, "dlb": self._dlb_state(),
+                "failover": self.core.failover, "ttl_expired": self.ttl_expired()}
 
     def set_mode(self, mode: str, params: dict) -> dict:
         """Replace the mode's flows on every leaf; return once every leaf has answered a
@@ -327,10 +342,65 @@ class FabricApp(app_manager.OSKenApp):
         if (frozenset(link) not in self.core.down) == up:
             return  # no change (its other end reported it already, or a mere counter update)
         msgs = self.core.link_changed(*link, up)  # now, so the other end's report is no change
+        if self.core.failover == "local":
+            self._local_failover(link, up, t0)
+            return
         if self.dlb is not None:  # the flowlet stage stops choosing uplinks that cannot reach
             for leaf in self.core.plan.leaves:
                 self.dlb.set_allowed(self.core.leaf_number(leaf), self.core.dlb_allowed(leaf))
         hub.spawn(self._reroute, link, up, t0, msgs)  # waits on barriers: not in the event loop
+
+    def _local_failover(self, link: tuple[str, str], up: bool, t0: float) -> None:
+        """failover: local: the switches' fast-failover groups took their detours as the port
+        went down (Open vSwitch reported it at t0); the controller recomputes every switch only
+        after the convergence delay, or never."""
+        name, state = "-".join(sorted(link)), "up" if up else "down"
+        self.link_changes.append({"time": t0, "link": name, "state": state, "local": True, "applied_s": 0.0,
+                                  "answered": True, "switch_errors": []})
+        delay = self.core.plan.extra.get("routing", {}).get("convergence_wall_s")
+        LOG.info("link %s %s: local detours at once; routes recomputed %s", name, state,
+                 "never" if delay is None else f"after {delay:.3f} s")
+        if delay is not None:
+            hub.spawn_after(delay, self._converge, name, state, t0)
+
+    def _converge(self, name: str, state: str, t0: float) -> None:
+        """The convergence delay after a link change: every switch's routes over the links up now."""
+        change = {"time": t0, "link": name, "state": state, "converged": True,
+                  **self._apply(self.core.reroute_all(), t0)}
+        self.link_changes.append(change)
+        LOG.info("link %s %s: routes converged %.1f ms after", name, state, change["applied_s"] * 1e3)
+
+    def ttl_expired(self, timeout_s: float = 1.0) -> dict[str, dict[int, int]]:
+        """Per switch and ingress port: packets whose TTL expired there (table 0's TTL_COOKIE
+        flows), asked of every switch now (OpenFlow 1.5's flow description: Open vSwitch has no
+        OFPMP_FLOW_STATS)."""
+        self._ttl = {}
+        waits = []
+        for dpid, dp in list(self.datapaths.items()):
+            req = parser.OFPFlowDescStatsRequest(dp, table_id=0, cookie=TTL_COOKIE, cookie_mask=0xFFFFFFFFFFFFFFFF,
+                                             match=parser.OFPMatch())
+            dp.set_xid(req)
+            waits.append(self._barriers.setdefault(req.xid, hub.Event()))
+            dp.send_msg(req)
+        deadline = time.time() + timeout_s
+        for w in waits:
+            w.wait(timeout=max(0.0, deadline - time.time()))
+        return self._ttl
+
+    @set_ev_cls(ofp_event.EventOFPFlowDescStatsReply, MAIN_DISPATCHER)
+    def flow_stats(self, ev) -> None:
+        switch = self.core.switch_of(ev.msg.datapath.id)
+        if switch is not None:
+            per_port = self._ttl.setdefault(switch.name, {})
+            for st in ev.msg.body:
+                port = st.match.get("in_port")
+                count = st.stats.get("packet_count", 0)
+                if port is not None and count:
+                    per_port[port] = per_port.get(port, 0) + count
+        if not ev.msg.flags & ofp.OFPMPF_REPLY_MORE:
+            waiting = self._barriers.pop(ev.msg.xid, None)
+            if waiting is not None:
+                waiting.set()
 
     def _reroute(self, link: tuple[str, str], up: bool, t0: float, msgs: dict[int, list[Message]]) -> None:
         change = {"time": t0, "link": "-".join(sorted(link)), "state": "up" if up else "down",

@@ -6,12 +6,15 @@ to os-ken objects. Nothing here imports os-ken, so it is tested in milliseconds 
 Two tables on every switch (higher priority wins). Table 0 tags, table 1 routes:
 
   table 0  prio 1000  eth_type=0x8808 (MAC control, e.g. PFC) -> drop: it ends at the MAC
+           prio 900   in_port=<p>, ip, nw_ttl=0 or 1 -> drop (a router's TTL expiry; the flows'
+                      packet counts are each port's ttl_expired, cookie TTL_COOKIE)
            prio 100   in_port=<p> -> eth_src=0e:fe:<port id of p>:00:00, goto table 1
   (the port id lets the egress port's BPF program charge the frame's bytes to the ingress port
   it came by, for PFC; see fabric_emu/ports/bpf/port.c. A router rewrites eth_src anyway.)
 
-  table 1:
+  table 1 (every IPv4 route decrements the TTL first, as a router does):
   prio 300  leaf:  ipv4_dst=<own host>/32        -> output:<host port>
+  prio 280  pinned paths (`paths:`): ipv4_src=<src>, ipv4_dst=<dst> -> output:<next switch on the path>
   prio 250  leaf (spray): ipv4_dst=<other leaf's /24>, udp, udp_src=<b>/<entropies-1>
                                                  -> output:<uplink b mod n> (fabric_emu.lb.spray)
             leaf (dlb):   ipv4_dst=<other leaf's /24>, udp, nw_ttl=192+i
@@ -28,6 +31,13 @@ path, or to a select group over its equal-cost next hops (DEST_GROUP_BASE + the 
 ECMP-hashed with the switch's own seed); leaves add the prio 300 routes to their own hosts. A
 link going down or up recomputes every switch's routes over the links that are up. Spraying and
 DLB exist on leaf-spine fabrics only.
+
+failover: local (the spec's `failover`) routes every kind by the graph, and wraps each route in a
+fast-failover group (LOCAL_GROUP_BASE + the leaf's number): its first bucket is the route (one
+port, or the select group over the equal-cost ports, whose buckets watch their ports so a dead
+one is skipped), then one bucket per other switch neighbour that still reaches the leaf (the
+local detour, a "bounce" in a Clos). Open vSwitch takes the first live bucket the moment a port
+goes down; the controller recomputes the routes only after the convergence delay (or never).
 
 Hosts ARP for each other directly (one /16) and get the true MAC from the controller, so frames
 already carry the right eth_dst; switches rewrite only eth_src.
@@ -51,6 +61,8 @@ from fabric_emu.ports.model import port_ends
 TAG_TABLE = 0
 ROUTE_TABLE = 1
 PRIO_MAC_CONTROL = 1000
+PRIO_TTL_EXPIRED = 900
+PRIO_PINNED = 280
 PRIO_TAG = 100
 PRIO_LOCAL_HOST = 300
 PRIO_SPRAY = 250
@@ -77,6 +89,12 @@ LB_MODES = ("ecmp", "dlb", "spray")
 # The flows a load-balancing mode adds on top of the routes carry this cookie, so a live mode
 # change deletes exactly them and adds the new mode's (the routes and the ECMP group stay).
 LB_COOKIE = 0x1B
+TTL_COOKIE = 0x77  # the TTL-expiry drops of table 0 (their packet counts are ttl_expired)
+PINNED_COOKIE = 0x9A
+# failover: local: one fast-failover group per destination leaf, LOCAL_GROUP_BASE + its number
+LOCAL_GROUP_BASE = 1000
+PINNED_GROUP_BASE = 2000  # failover: local: a pinned path's hop, + its index in paths
+FAILOVER_MODES = ("global", "local")
 
 
 class Conflict(Exception):
@@ -104,7 +122,12 @@ class SetEthSrc:
     mac: str
 
 
-Action = Union[Output, ToGroup, ToController, SetEthSrc]
+@dataclass(frozen=True)
+class DecTtl:
+    """Decrement the IPv4 TTL (a router's hop); table 0 has dropped TTL 0 and 1 already."""
+
+
+Action = Union[Output, ToGroup, ToController, SetEthSrc, DecTtl]
 
 
 @dataclass(frozen=True)
@@ -134,6 +157,8 @@ class DeleteFlows:
 class Bucket:
     bucket_id: int
     actions: tuple[Action, ...]
+    watch_port: int | None = None  # the bucket is live while this port is up (ff, select)
+    watch_group: int | None = None  # ... or while this group has a live bucket
 
 
 @dataclass(frozen=True)
@@ -310,6 +335,29 @@ def _ipv4_dst(net: ipaddress.IPv4Network) -> dict:
     return {"eth_type": ETH_TYPE_IPV4, "ipv4_dst": (str(net.network_address), str(net.netmask))}
 
 
+def forward(actions: tuple[Action, ...]) -> tuple[Action, ...]:
+    """A route's actions as a router carries them out: the TTL goes down by one, then out.
+    A route with no action stays a drop."""
+    return (DecTtl(), *actions) if actions else ()
+
+
+def detours(plan: FabricPlan, switch: str, dest: str, primary: set[str]) -> list[Port]:
+    """A switch's local detours toward leaf `dest` (failover: local): its ports to other switches
+    than its primary next hops that reach `dest` without coming back through it, nearest first;
+    ties rotate with the switch's index, so neighbouring switches spread their detours."""
+    g = nx.Graph((ln.a, ln.b) for ln in plan.links if ln.kind == "fabric" and switch not in (ln.a, ln.b))
+    if dest not in g:
+        return []
+    dist = nx.single_source_shortest_path_length(g, dest)
+    ports = [p for p in plan.ports(switch)
+             if p.kind == "fabric" and p.peer not in primary and p.peer in dist]
+    if not ports:
+        return []
+    shift = plan.switch_by_name[switch].index
+    order = {p.port: i for i, p in enumerate(ports)}
+    return sorted(ports, key=lambda p: (dist[p.peer], (order[p.port] - shift) % len(ports)))
+
+
 class FabricCore:
     """Everything the controller decides, as plain messages, for one plan and LB mode."""
 
@@ -319,10 +367,17 @@ class FabricCore:
         self.options = options
         # Leaf-spine fabrics have their own routing (and spraying and DLB on the leaves' uplinks);
         # every other kind routes by ECMP over the plan's graph at every switch (graph_routes).
-        self.by_graph = plan.kind != "leaf-spine"
+        routing = plan.extra.get("routing", {})
+        self.failover: str = routing.get("failover", "global")
+        if self.failover not in FAILOVER_MODES:
+            raise ValueError(f"failover {self.failover!r} (allowed: {', '.join(FAILOVER_MODES)})")
+        self.pinned: list[dict] = routing.get("paths", [])
+        # failover: local needs a route per destination at every switch (its fast-failover group),
+        # so it routes leaf-spine fabrics by the graph too.
+        self.by_graph = plan.kind != "leaf-spine" or self.failover == "local"
         if self.by_graph and lb_mode != "ecmp":
-            raise ValueError(f"load balancing '{lb_mode}' runs on leaf-spine fabrics only "
-                             f"(this one is {plan.kind}; allowed: ecmp)")
+            why = "with failover: local" if plan.kind == "leaf-spine" else f"on leaf-spine fabrics only (this one is {plan.kind})"
+            raise ValueError(f"load balancing '{lb_mode}' runs {why}; allowed: ecmp")
         self._spread_uplinks = uplink_builder(lb_mode)
         self.down: set[frozenset[str]] = set()  # links that are down, as {node, node}
         self._dists: dict[str, dict[str, int]] | None = None  # leaf_distances while self.down holds
@@ -335,6 +390,9 @@ class FabricCore:
             if end.role == "switch":
                 self._port_ids.setdefault(end.node, {})[end.port] = end.id
 
+    def switch_of(self, dpid: int) -> Switch | None:
+        return self._switch_by_dpid.get(dpid)
+
     def expected_dpids(self) -> list[int]:
         return sorted(self._switch_by_dpid)
 
@@ -343,7 +401,8 @@ class FabricCore:
         mode's flows with the new one's (the routes and the ECMP group stay as they are)."""
         builder = uplink_builder(lb_mode)
         if self.by_graph and lb_mode != "ecmp":
-            raise Conflict(f"{lb_mode} runs on leaf-spine fabrics only; this one is {self.plan.kind}")
+            raise Conflict(f"{lb_mode} runs on leaf-spine fabrics with failover: global only; "
+                           f"this one is {self.plan.kind}, failover {self.failover}")
         if lb_mode == "spray" and not self.options.spray_entropies:
             raise Conflict("this run's NICs send one UDP source port per queue pair, so there is "
                            "nothing to spray; start the run with spray.entropies set (or "
@@ -367,14 +426,50 @@ class FabricCore:
         arp_request = {"eth_type": ETH_TYPE_ARP, "arp_op": ARP_REQUEST}
         arp = Flow(ROUTE_TABLE, PRIO_ARP, arp_request, (ToController(),))
         miss = Flow(ROUTE_TABLE, PRIO_MISS, {}, ())
-        return [ResetSwitch(), *groups, *flows, arp, miss, *self._tag_flows(switch)]
+        pin_groups, pinned = self._pinned_rules(switch)
+        return [ResetSwitch(), *groups, *pin_groups, *flows, *pinned, arp, miss, *self._tag_flows(switch)]
 
     def _tag_flows(self, switch: Switch) -> list[Flow]:
-        """Table 0: MAC control frames end here; everything else is tagged with its in_port's id."""
+        """Table 0: MAC control frames end here; IPv4 packets whose TTL cannot go down once more
+        die here, counted per port; everything else is tagged with its in_port's id."""
         mac_control = Flow(TAG_TABLE, PRIO_MAC_CONTROL, {"eth_type": ETH_TYPE_MAC_CONTROL}, ())
-        return [mac_control] + [
+        ports = sorted(self._port_ids[switch.name].items())
+        expired = [Flow(TAG_TABLE, PRIO_TTL_EXPIRED, {"in_port": port, "eth_type": ETH_TYPE_IPV4, "nw_ttl": ttl},
+                        (), cookie=TTL_COOKIE) for port, _ in ports for ttl in (0, 1)]
+        return [mac_control, *expired] + [
             Flow(TAG_TABLE, PRIO_TAG, {"in_port": port}, (SetEthSrc(ingress_tag(port_id)),), ROUTE_TABLE)
-            for port, port_id in sorted(self._port_ids[switch.name].items())]
+            for port, port_id in ports]
+
+    def _pinned_rules(self, switch: Switch) -> tuple[list[Group], list[Flow]]:
+        """The pinned paths' hops at this switch: from the source host to the destination host,
+        out the port toward the path's next switch (failover: local: through a fast-failover
+        group that detours when that port is down)."""
+        groups, flows = [], []
+        for i, path in enumerate(self.pinned):
+            via = path["via"]
+            if switch.name not in via[:-1]:
+                continue
+            nxt = via[via.index(switch.name) + 1]
+            port = next(p for p in self.plan.ports(switch.name) if p.peer == nxt)
+            actions: tuple[Action, ...] = (Output(port.port),)
+            if self.failover == "local":
+                dest = self.plan.host_by_name[path["dst"]].leaf
+                gid = PINNED_GROUP_BASE + i
+                groups.append(self._failover_group(gid, switch, dest, actions, {nxt}, watch_port=port.port))
+                actions = (ToGroup(gid),)
+            src, dst = self.plan.host_by_name[path["src"]], self.plan.host_by_name[path["dst"]]
+            flows.append(Flow(ROUTE_TABLE, PRIO_PINNED, {"eth_type": ETH_TYPE_IPV4, "ipv4_src": src.ip,
+                                                         "ipv4_dst": dst.ip}, forward(actions), cookie=PINNED_COOKIE))
+        return groups, flows
+
+    def _failover_group(self, gid: int, switch: Switch, dest: str, primary: tuple[Action, ...],
+                        primary_peers: set[str], watch_port: int | None = None,
+                        watch_group: int | None = None) -> Group:
+        """A fast-failover group: the primary route while it is live, then the local detours."""
+        buckets = [Bucket(0, primary, watch_port=watch_port, watch_group=watch_group)]
+        buckets += [Bucket(i, (Output(p.port),), watch_port=p.port)
+                    for i, p in enumerate(detours(self.plan, switch.name, dest, primary_peers), 1)]
+        return Group(gid, "ff", tuple(buckets))
 
     def packet_in(self, dpid: int, in_port: int, data: bytes) -> list[Message]:
         """Proxy ARP: answer a request for any planned host with its MAC; ignore everything else."""
@@ -400,14 +495,18 @@ class FabricCore:
         else:
             self.down.add(link)
         if self.by_graph:  # any switch may route differently now
-            self._dists = None
-            return {sw.dpid: [*groups, *routes] for sw in self.plan.switches
-                    for groups, routes in [self._graph_routing(sw)]}
+            return self.reroute_all()
         out = {}
         for leaf in self.plan.leaves:
             groups, routes = self._leaf_routing(leaf)
             out[leaf.dpid] = [*groups, *routes, DeleteFlows(ROUTE_TABLE, LB_COOKIE), *self._lb_flows(leaf)]
         return out
+
+    def reroute_all(self) -> dict[int, list[Message]]:
+        """Every switch's routes over the links that are up now (graph routing)."""
+        self._dists = None
+        return {sw.dpid: [*groups, *routes] for sw in self.plan.switches
+                for groups, routes in [self._graph_routing(sw)]}
 
     def link_of(self, dpid: int, port: int) -> tuple[str, str] | None:
         """The (node, peer) of a switch port between two switches; None for a host port."""
@@ -444,7 +543,7 @@ class FabricCore:
 
     def _local_hosts(self, leaf: Switch) -> list[Flow]:
         return [Flow(ROUTE_TABLE, PRIO_LOCAL_HOST, {"eth_type": ETH_TYPE_IPV4, "ipv4_dst": h.ip},
-                     (Output(h.leaf_port),))
+                     forward((Output(h.leaf_port),)))
                 for h in self.plan.hosts if h.leaf == leaf.name]
 
     def _leaf_rules(self, leaf: Switch) -> tuple[tuple[Group, ...], list[Flow]]:
@@ -468,13 +567,26 @@ class FabricCore:
             if name == switch.name:
                 continue
             ports = hops.get(name, [])
+            number = self.leaf_number(self.plan.switch_by_name[name])
+            local = self.failover == "local" and ports
+            watch: dict = {}
             if len(ports) > 1:
-                gid = DEST_GROUP_BASE + self.leaf_number(self.plan.switch_by_name[name])
-                groups.append(ecmp_group(gid, switch, ports, self.options))
+                gid = DEST_GROUP_BASE + number
+                group = ecmp_group(gid, switch, ports, self.options)
+                if local:  # a dead equal-cost port drops out of the spreading at once
+                    group = dataclasses.replace(group, buckets=tuple(
+                        dataclasses.replace(b, watch_port=p.port) for b, p in zip(group.buckets, ports)))
+                    watch = {"watch_group": gid}
+                groups.append(group)
                 actions: tuple[Action, ...] = (ToGroup(gid),)
             else:
                 actions = tuple(Output(p.port) for p in ports)
-            routes.append(Flow(ROUTE_TABLE, PRIO_PREFIX, _ipv4_dst(net), actions))
+                watch = {"watch_port": ports[0].port} if ports else {}
+            if local:
+                gid = LOCAL_GROUP_BASE + number
+                groups.append(self._failover_group(gid, switch, name, actions, {p.peer for p in ports}, **watch))
+                actions = (ToGroup(gid),)
+            routes.append(Flow(ROUTE_TABLE, PRIO_PREFIX, _ipv4_dst(net), forward(actions)))
         return self._add_or_modify(switch, groups), routes
 
     def _add_or_modify(self, switch: Switch, groups: list[Group]) -> tuple[Group, ...]:
@@ -503,7 +615,7 @@ class FabricCore:
                 gid = DEST_GROUP_BASE + i
                 groups.append(ecmp_group(gid, leaf, usable, self.options))
                 action = ToGroup(gid)
-            routes.append(Flow(ROUTE_TABLE, PRIO_PREFIX, _ipv4_dst(net), (action,) if usable else ()))
+            routes.append(Flow(ROUTE_TABLE, PRIO_PREFIX, _ipv4_dst(net), forward((action,)) if usable else ()))
         return self._add_or_modify(leaf, groups), routes
 
     def _lb_flows(self, leaf: Switch) -> list[Flow]:
@@ -514,11 +626,11 @@ class FabricCore:
             if name == leaf.name:
                 continue
             spread = self._spread_uplinks(self.plan, leaf, self.options, self._usable_uplinks(leaf, name))
-            flows += [Flow(ROUTE_TABLE, PRIO_SPRAY, {**_ipv4_dst(net), **extra}, (action,), cookie=LB_COOKIE)
+            flows += [Flow(ROUTE_TABLE, PRIO_SPRAY, {**_ipv4_dst(net), **extra}, forward((action,)), cookie=LB_COOKIE)
                       for extra, action in spread.refinements]
         return flows
 
     def _spine_flows(self, spine: Switch) -> list[Flow]:
         port_to = {p.peer: p.port for p in self.plan.ports(spine.name)}
-        return [Flow(ROUTE_TABLE, PRIO_PREFIX, _ipv4_dst(net), (Output(port_to[name]),))
+        return [Flow(ROUTE_TABLE, PRIO_PREFIX, _ipv4_dst(net), forward((Output(port_to[name]),)))
                 for name, net in self._prefix.items()]

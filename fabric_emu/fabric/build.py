@@ -213,8 +213,9 @@ class Fabric:
         s, d = self.plan.host_by_name[src], self.plan.host_by_name[dst]
         if s.leaf == d.leaf:
             return ""
+        # TTL 64: the NICs' (Linux's default); a trace with none would die at TTL 0 in table 0.
         flow = (f"udp,in_port={s.leaf_port},dl_src={s.mac},dl_dst={d.mac},nw_src={s.ip},"
-                f"nw_dst={d.ip},udp_src={udp_src},udp_dst={ROCE_UDP_PORT}")
+                f"nw_dst={d.ip},nw_ttl=64,udp_src={udp_src},udp_dst={ROCE_UDP_PORT}")
         trace = subprocess.run(["ovs-appctl", "ofproto/trace", s.leaf, flow],
                                capture_output=True, text=True, timeout=10, check=True).stdout
         ports = re.findall(r"\boutput:(\d+)", trace.split("Final flow:")[0])

@@ -147,7 +147,8 @@ class EventRunner:
         except RestError:
             return None
         return {"mode": state.get("mode"), "changes": state.get("changes", []),
-                "link_changes": state.get("link_changes", []), "dlb": state.get("dlb", {})}
+                "link_changes": state.get("link_changes", []), "dlb": state.get("dlb", {}),
+                "failover": state.get("failover", "global"), "ttl_expired": state.get("ttl_expired", {})}
 
     def stop(self) -> list[dict]:
         """Stop (events not yet due are dropped) and return what fired."""

@@ -16,7 +16,9 @@ import struct
 from collections.abc import Iterator
 
 _SYS_BPF = {"x86_64": 321, "aarch64": 280}[platform.machine()]
+BPF_MAP_LOOKUP_ELEM = 1
 BPF_MAP_UPDATE_ELEM = 2
+BPF_MAP_GET_NEXT_KEY = 4
 BPF_MAP_DELETE_ELEM = 3
 BPF_OBJ_GET = 7
 BPF_PROG_TEST_RUN = 10
@@ -44,6 +46,27 @@ def obj_get(path: str) -> int:
 def map_update(fd: int, key: bytes, value: bytes) -> None:
     k, v = ctypes.create_string_buffer(key), ctypes.create_string_buffer(value)
     _bpf(BPF_MAP_UPDATE_ELEM, struct.pack("=IIQQQ", fd, 0, ctypes.addressof(k), ctypes.addressof(v), 0))
+
+
+def map_items(fd: int, key_size: int, value_size: int) -> Iterator[tuple[bytes, bytes]]:
+    """Every (key, value) of a hash map, walked with BPF_MAP_GET_NEXT_KEY (a key deleted during
+    the walk may restart it: fine for samplers, whose next sample sees the map again)."""
+    cur, nxt = ctypes.create_string_buffer(key_size), ctypes.create_string_buffer(key_size)
+    val = ctypes.create_string_buffer(value_size)
+    first = True
+    while True:
+        try:
+            _bpf(BPF_MAP_GET_NEXT_KEY, struct.pack("=IIQQQ", fd, 0, 0 if first else ctypes.addressof(cur),
+                                                   ctypes.addressof(nxt), 0))
+        except FileNotFoundError:
+            return
+        first = False
+        ctypes.memmove(cur, nxt, key_size)
+        try:
+            _bpf(BPF_MAP_LOOKUP_ELEM, struct.pack("=IIQQQ", fd, 0, ctypes.addressof(cur), ctypes.addressof(val), 0))
+        except FileNotFoundError:
+            continue  # deleted since
+        yield cur.raw, val.raw
 
 
 def map_delete(fd: int, key: bytes) -> None:

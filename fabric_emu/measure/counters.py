@@ -74,13 +74,14 @@ class PortCounters:
     max_backlog_p6: int = 0
     max_held_p3: int = 0
     max_backlog_bytes: int = 0  # deepest the whole egress buffer was in the samples
+    ttl_expired: int = 0  # IPv4 packets that came in here with no TTL left to forward (a routing loop's end)
 
     def class_drops(self, prio: int) -> int:
         return getattr(self, f"queue_drops_p{prio}") + getattr(self, f"bpf_drops_p{prio}")
 
     @property
     def drops(self) -> int:
-        return (self.rx_dropped + self.tx_dropped + self.rx_socket_drops
+        return (self.rx_dropped + self.tx_dropped + self.rx_socket_drops + self.ttl_expired
                 + sum(self.class_drops(p) for p in CLASSES))
 
     @property

@@ -61,6 +61,7 @@ class PortMaps:
         self.ports_fd = bpfsys.obj_get(str(pins / "maps" / "ports"))
         self.ifindex_fd = bpfsys.obj_get(str(pins / "maps" / "port_of_ifindex"))
         self.events_fd = bpfsys.obj_get(str(pins / "maps" / "events"))
+        self.pairs_fd = bpfsys.obj_get(str(pins / "maps" / "pair_held"))
         self._mem = bpfsys.mmap_array(self.ports_fd)
         self._words = memoryview(self._mem).cast("Q")
         self.table = PortTable(self._words)
@@ -72,11 +73,20 @@ class PortMaps:
         out.update({name: t.get(port_id, name) for name in PORT_COUNTERS})
         return out
 
+    def pairs(self) -> dict[tuple[int, int], int]:
+        """Lossless bytes held now per (ingress port id, egress port id) of a switch, where any."""
+        out = {}
+        for key, value in bpfsys.map_items(self.pairs_fd, 4, 8):
+            (k,), (n,) = struct.unpack("=I", key), struct.unpack("=Q", value)
+            if 0 < n < 1 << 63:  # a frame credited at the far end a moment before its charge lands
+                out[(k >> 16, k & 0xFFFF)] = n
+        return out
+
     def close(self) -> None:
         self.table = None  # type: ignore[assignment]
         self._words.release()
         self._mem.close()
-        for fd in (self.ports_fd, self.ifindex_fd, self.events_fd):
+        for fd in (self.ports_fd, self.ifindex_fd, self.events_fd, self.pairs_fd):
             os.close(fd)
 
 

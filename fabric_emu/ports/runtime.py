@@ -226,6 +226,22 @@ class LosslessPorts:
         return {e.intf: {p: t.get(e.id, "queue", p) for p in (0, 3, 6)}
                 for e in self.ports.ends if e.role == "switch"}
 
+    def waits_now(self) -> tuple[dict[tuple[str, str, str], int], set[tuple[str, str]]]:
+        """What the deadlock detector samples (fabric_emu.cc.deadlock): lossless bytes each switch
+        X holds now per (X, the neighbour Y they came from, the neighbour Z they wait to go to),
+        and the egresses (X, Z) that Z is pausing now."""
+        assert self.maps is not None
+        t = self.maps.table
+        peer = {e.id: e.node for e in self.ports.ends}  # id -> node; an end's peer is peer[peer_id]
+        ends = {e.id: e for e in self.ports.ends}
+        held = {}
+        for (i, o), n in self.maps.pairs().items():
+            if i in ends and o in ends:
+                held[(ends[i].node, peer[ends[i].peer_id], peer[ends[o].peer_id])] = n
+        paused = {(e.node, peer[e.peer_id]) for e in self.ports.ends
+                  if e.role == "switch" and t.get(e.id, "paused_since", 3)}
+        return held, paused
+
     def paused_now(self) -> dict[str, bool]:
         """Whether each port's lossless class is paused at this instant (for samplers)."""
         assert self.maps is not None

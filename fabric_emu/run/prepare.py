@@ -84,6 +84,7 @@ def check_spec(spec: ExperimentSpec, path: str, measure: bool = False,
             raise SpecError([(str(path), f"events.{i}.nic",
                               f"unknown host {e.nic!r} (hosts are {names[0]}..{names[-1]})")])
     check_watchdog_poll(spec, plan, path)
+    check_paths(spec, plan, path)
     for i, b in enumerate(spec.background):
         for end in ("src", "dst"):
             if getattr(b, end) not in plan.host_by_name:
@@ -94,6 +95,7 @@ def check_spec(spec: ExperimentSpec, path: str, measure: bool = False,
 
         spec, plan = resolve_auto(spec, plan, ranks, measure, choice.datapath)
     plan.extra["datapath"] = choice.to_dict()
+    plan.extra["routing"] = routing_of(spec, plan)
     if spec.timeout is None:
         if program is not None:
             line_rate_s = jobs.line_rate_s(program, plan.host_rate_bps(ranks[0]), plan.dilation)
@@ -107,6 +109,40 @@ def check_spec(spec: ExperimentSpec, path: str, measure: bool = False,
                 raise SpecError([(str(path), f"capture.ports.{i}",
                                   f"no switch port {name!r} in this fabric (see fabric-emu show)")])
     return spec, plan, ranks
+
+
+def check_paths(spec: ExperimentSpec, plan, path: str) -> None:
+    """A pinned path starts at its source's switch, ends at its destination's, and steps from
+    switch to switch over links of this fabric; one pair is pinned once."""
+    names = [h.name for h in plan.hosts]
+    links = {frozenset((ln.a, ln.b)) for ln in plan.links if ln.kind == "fabric"}
+    pairs: set[tuple[str, str]] = set()
+    for i, p in enumerate(spec.paths):
+        for end in ("src", "dst"):
+            if getattr(p, end) not in plan.host_by_name:
+                raise SpecError([(str(path), f"paths.{i}.{end}",
+                                  f"unknown host {getattr(p, end)!r} (hosts are {names[0]}..{names[-1]})")])
+        if (p.src, p.dst) in pairs:
+            raise SpecError([(str(path), f"paths.{i}", f"{p.src} -> {p.dst} is pinned twice")])
+        pairs.add((p.src, p.dst))
+        src_leaf, dst_leaf = plan.host_by_name[p.src].leaf, plan.host_by_name[p.dst].leaf
+        for j, s in enumerate(p.via):
+            if s not in plan.switch_by_name:
+                raise SpecError([(str(path), f"paths.{i}.via.{j}", f"unknown switch {s!r} (see fabric-emu show)")])
+        if p.via[0] != src_leaf or p.via[-1] != dst_leaf:
+            raise SpecError([(str(path), f"paths.{i}.via",
+                              f"must start at {p.src}'s switch {src_leaf} and end at {p.dst}'s switch {dst_leaf}")])
+        for j, (a, b) in enumerate(zip(p.via, p.via[1:])):
+            if frozenset((a, b)) not in links:
+                raise SpecError([(str(path), f"paths.{i}.via.{j + 1}", f"no link between {a} and {b}")])
+
+
+def routing_of(spec: ExperimentSpec, plan) -> dict:
+    """What the controller needs of the spec's routing (the plan's extra["routing"]): pinned
+    paths, the failover mode and the wall-clock convergence delay (None: never)."""
+    conv = spec.failover.convergence
+    return {"paths": [p.model_dump() for p in spec.paths], "failover": spec.failover.mode,
+            "convergence_wall_s": None if conv == "never" else conv * plan.dilation}
 
 
 def check_watchdog_poll(spec: ExperimentSpec, plan, path: str) -> None:

@@ -310,8 +310,10 @@ class Runner:
         nics = counters.nic_totals(self.plan, port_before, port_after)
         self.live.traffic_ended([p.row(self.plan.dilation) for p in ports],
                                 lossless.maps.table if lossless.maps is not None else None)
+        ttl = (lb_state or {}).get("ttl_expired", {})
         for row in ports:
             row.max_backlog_bytes = queues.max_backlog.get(row.intf, 0)
+            row.ttl_expired = int(ttl.get(row.switch, {}).get(str(row.port), 0))
         queues.shift(self._go_monotonic({"agents": agents, "traffic_start": queues.start}))
         ok = agents and all(a.get("status") == "ok" for a in agents.values())
         if self.spec.load_balancing == "ecmp":  # spraying QPs take every uplink, no one path

@@ -90,8 +90,9 @@ def fabric(tmp_path_factory) -> tuple[FabricPlan, ControllerProcess]:
 def trace_output(br: str, in_port: int, src_ip: str, dst_ip: str, udp_src: int,
                  extra: str = "") -> int:
     """The one port the bridge would send this UDP packet to."""
+    ttl = "" if "nw_ttl" in extra else ",nw_ttl=64"  # a TTL of 0 would die in table 0
     flow = (f"udp,in_port={in_port},nw_src={src_ip},nw_dst={dst_ip},"
-            f"udp_src={udp_src},udp_dst={ROCE_PORT}{extra}")
+            f"udp_src={udp_src},udp_dst={ROCE_PORT}{ttl}{extra}")
     out = run("ovs-appctl", "ofproto/trace", br, flow)
     ports = re.findall(r"^\s+output:(\d+)\s*$", out, re.M)
     assert len(ports) == 1, out

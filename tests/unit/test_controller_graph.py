@@ -10,7 +10,7 @@ import ipaddress
 
 import pytest
 
-from controller.core import (DEST_GROUP_BASE, ECMP_HASH_FIELDS, Conflict, FabricCore, Flow, Group, Output,
+from controller.core import (DEST_GROUP_BASE, ECMP_HASH_FIELDS, Conflict, DecTtl, FabricCore, Flow, Group, Output,
                              ResetSwitch, ToGroup, graph_routes, leaf_distances)
 from fabric_emu.spec.topology import FatTreeSpec, RailOptimizedSpec
 from fabric_emu.topo.plan import FabricPlan, Host, build_plan
@@ -65,7 +65,8 @@ def test_every_switch_routes_every_leaf_prefix(plan):
             net = ipaddress.ip_network(f"10.0.{leaf.index}.0/24")
             route = next(m for m in msgs if isinstance(m, Flow) and m.match.get("ipv4_dst")
                          == (str(net.network_address), str(net.netmask)))
-            (action,) = route.actions
+            dec, action = route.actions
+            assert dec == DecTtl()
             hops = {p[p.index(sw.name) + 1] for p in plan.paths(sw.name, leaf.name)}
             port_to = {p.peer: p.port for p in plan.ports(sw.name)}
             if len(hops) == 1:

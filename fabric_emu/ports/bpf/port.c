@@ -154,6 +154,36 @@ struct {
 	__type(value, __u32);
 } port_of_ifindex SEC(".maps");
 
+/* Lossless bytes a switch holds per (ingress port, egress port): key in_id << 16 | out_id, value
+ * bytes. The PFC deadlock detector's wait-for graph needs to know which egress an ingress
+ * buffer's bytes wait for (fabric_emu/cc/deadlock.py); a port's `held` alone cannot say. The
+ * program adds at admission and subtracts where the frame arrives at the far end, as `held`. */
+#define MAX_PAIRS 65536
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_PAIRS);
+	__type(key, __u32);
+	__type(value, __u64);
+} pair_held SEC(".maps");
+
+static __always_inline void pair_add(__u32 in_id, __u32 out_id, __u64 len, int credit)
+{
+	__u32 key = in_id << 16 | out_id;
+	__u64 *bytes = bpf_map_lookup_elem(&pair_held, &key);
+
+	if (!bytes && !credit) {
+		__u64 zero = 0;
+		bpf_map_update_elem(&pair_held, &key, &zero, BPF_NOEXIST);
+		bytes = bpf_map_lookup_elem(&pair_held, &key);
+	}
+	if (!bytes)
+		return;
+	if (credit)
+		__sync_fetch_and_sub(bytes, len);
+	else
+		__sync_fetch_and_add(bytes, len);
+}
+
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 1 << 20);	/* ~26,000 events: the daemon may be off a CPU for a while */
@@ -380,6 +410,8 @@ int switch_egress(struct __sk_buff *skb)
 		return TC_ACT_STOLEN;
 	}
 
+	if (lossless && in)
+		pair_add(in_id, out_id, len, 0);
 	__u64 depth = out->queue[prio];	/* the class's depth as this packet arrives */
 	int mark = 0;
 	__u16 old_word = 0, new_word = 0;
@@ -453,8 +485,10 @@ static __always_inline int ingress(struct __sk_buff *skb, int at_switch)
 		if (from) {
 			__sync_fetch_and_sub(&from->queue[prio], len);
 			struct port *in = in_id != NO_PORT ? bpf_map_lookup_elem(&ports, &in_id) : 0;
-			if (in && prio == PRIO_LOSSLESS && (from->flags & PORT_PFC))
+			if (in && prio == PRIO_LOSSLESS && (from->flags & PORT_PFC)) {
 				credit_held(in, in_id, prio, len);
+				pair_add(in_id, out_id, len, 1);
+			}
 		}
 	}
 	if (prio != PRIO_LOSSLESS)
