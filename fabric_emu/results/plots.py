@@ -1,7 +1,9 @@
-"""PNG plots of a results folder: queue depth, PFC pauses, per-flow receive rates, DCQCN rates.
+"""PNG plots of a results folder: queue depth, PFC pauses, per-flow receive rates, DCQCN rates,
+the PFC deadlock's cycle on the fabric.
 
 `write_plots(run_dir)` reads only the files of the folder (queues.csv, pauses.csv, rates.csv,
-agents/<host>.json, summary.json, experiment.yaml), so it also redraws an old run. A plot
+deadlocks.csv, agents/<host>.json, summary.json, experiment.yaml, plan.json), so it also
+redraws an old run. A plot
 whose input is missing, empty or unreadable is skipped, never an error. Times are fabric
 (modelled) microseconds, rates modelled Gb/s, depths KB (1000 bytes).
 """
@@ -12,6 +14,7 @@ import csv
 import io
 import json
 import logging
+import math
 import os
 import re
 from collections import defaultdict
@@ -22,9 +25,12 @@ import matplotlib
 matplotlib.use("Agg")  # no display; must precede pyplot
 
 import matplotlib.pyplot as plt  # noqa: E402
+import networkx as nx  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from fabric_emu.spec.units import parse_size  # noqa: E402
+from fabric_emu.cc.deadlock import Cycle, egresses, parse_cycle  # noqa: E402
+from fabric_emu.spec.units import format_time, parse_size  # noqa: E402
+from fabric_emu.topo.plan import FabricPlan  # noqa: E402
 from fabric_emu.results.transport import arrival_curve  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -351,11 +357,171 @@ def plot_comparison(rows: list[dict], labels: list[str], xlabel: str, out: Path)
     return True
 
 
+CLOS_KINDS = ("leaf-spine", "fat-tree", "rail-optimized")  # drawn tier above tier
+MAX_HOST_LABELS = 32  # more hosts than this are drawn as unnamed dots
+CYCLE_COLOURS = ("red", "darkred", "orangered", "crimson")
+MAX_TITLE_CYCLES = 3
+
+
+def _true(value: object) -> bool:
+    return str(value).strip().lower() in ("true", "1", "yes")
+
+
+def _run_plan(run_dir: Path) -> FabricPlan | None:
+    """The run's fabric: plan.json when the folder keeps one, else planned again from
+    experiment.yaml's topology (the same pure planning, so the same names and links)."""
+    data = _json(run_dir / "plan.json")
+    if data:
+        try:
+            return FabricPlan.from_dict(data)
+        except (KeyError, TypeError, ValueError):
+            pass
+    topo = _yaml(run_dir / "experiment.yaml").get("topology")
+    if not isinstance(topo, dict):
+        return None
+    try:
+        from pydantic import TypeAdapter
+
+        from fabric_emu.spec.topology import Topology
+        from fabric_emu.topo.plan import build_plan
+
+        # dilation only scales the rates; 'auto' in an old spec must not cost the drawing
+        return build_plan(TypeAdapter(Topology).validate_python(topo), dilation=1.0)
+    except Exception:  # noqa: BLE001 - an unplannable spec only costs the rest of the fabric
+        return None
+
+
+def _fabric_layout(plan: FabricPlan | None, cycles: list[Cycle]) -> tuple[nx.Graph, dict, set[str]]:
+    """The graph to draw, node positions and the switches' names. Clos kinds tier above tier
+    (hosts at the bottom); other fabrics, or none known (only the cycles' switches), in a circle
+    with each host just outside its switch."""
+    g = nx.Graph()
+    if plan is not None:
+        g = plan.graph.copy()
+        switches = {s.name for s in plan.switches}
+    else:
+        switches = {b.switch for c in cycles for b in c}
+        g.add_nodes_from(sorted(switches, key=_natural))
+        for c in cycles:
+            g.add_edges_from(egresses(c))
+    if plan is not None and plan.kind in CLOS_KINDS:
+        try:
+            tiers: dict[int, list[str]] = defaultdict(list)
+            for n in sorted(g, key=_natural):  # in name order along each tier
+                tiers[plan.tier(n)].append(n)
+        except KeyError:  # a role without a tier: the circle below
+            tiers = {}
+        if tiers.get(0) and tiers.get(1):  # hosts under their own leaf
+            leaf_at = {n: i for i, n in enumerate(tiers[1])}
+            leaf_of = {h.name: h.leaf for h in plan.hosts}
+            tiers[0].sort(key=lambda h: (leaf_at.get(leaf_of.get(h, ""), -1), _natural(h)))
+        pos: dict = {}
+        for tier, names in tiers.items():  # every tier as wide as the others, centred
+            pos.update({n: ((i + 0.5) / len(names) * 2 - 1, tier) for i, n in enumerate(names)})
+        if pos:
+            return g, pos, switches
+    ring = sorted((n for n in g if n in switches), key=_natural)
+    pos = dict(nx.circular_layout(ring)) if len(ring) > 1 else {n: (0.0, 0.0) for n in ring}
+    for sw in ring:
+        hosts = sorted((n for n in g[sw] if n not in switches), key=_natural)
+        x, y = pos[sw]
+        base = math.atan2(y, x) if (x, y) != (0.0, 0.0) else -math.pi / 2
+        for i, h in enumerate(hosts):
+            a = base + (i - (len(hosts) - 1) / 2) * 0.25 / max(1, len(ring) / 4)
+            pos[h] = (1.3 * math.cos(a), 1.3 * math.sin(a))
+    for n in g:  # a node left over (a host of no switch) still gets a place
+        pos.setdefault(n, (0.0, 0.0))
+    return g, pos, switches
+
+
+def _cycle_title(text: str, eps: list[dict]) -> str:
+    first = eps[0]
+    formed, broken = _num(first.get("formed_s")), _num(first.get("broken_s"))
+    when = f"formed at {format_time(formed or 0.0)}, " + (
+        f"broke at {format_time(broken)}" if broken is not None else "never broke")
+    if len(eps) > 1:
+        last = _num(eps[-1].get("broken_s"))
+        when += (f"; persisted {len(eps)} times, the last " +
+                 (f"broke at {format_time(last)}" if last is not None else "never broke"))
+    held = max(int(_num(e.get("max_bytes")) or 0) for e in eps)
+    return f"{text}\n{when}; up to {held / 1e3:,.1f} KB held on the cycle"
+
+
+def plot_deadlock(run_dir: Path, out: Path) -> bool:
+    """The persistent PFC deadlock cycle(s) of deadlocks.csv drawn on the fabric: thick red
+    arrows X->Z along each paused egress, labelled with the bytes X held for Z."""
+    persistent: dict[str, list[dict]] = defaultdict(list)
+    for r in _rows(run_dir / "deadlocks.csv"):
+        if _true(r.get("persisted")) and r.get("cycle"):
+            persistent[r["cycle"]].append(r)
+    members: dict[str, Cycle] = {}
+    for text in persistent:
+        try:
+            members[text] = parse_cycle(text)
+        except ValueError:
+            log.warning("deadlocks.csv: not a cycle: %r", text)
+    if not members:
+        return False
+    plan = _run_plan(run_dir)
+    g, pos, switches = _fabric_layout(plan, list(members.values()))
+    fig, ax = plt.subplots(figsize=(11, 8))
+    for a, b in g.edges:
+        (xa, ya), (xb, yb) = pos[a], pos[b]
+        ax.plot([xa, xb], [ya, yb], color="lightgray", linewidth=0.8, zorder=1)
+    hosts = [n for n in g if n not in switches]
+    if hosts:
+        ax.scatter([pos[h][0] for h in hosts], [pos[h][1] for h in hosts], s=12, color="dimgray", zorder=2)
+        if len(hosts) <= MAX_HOST_LABELS:
+            for h in hosts:
+                ax.annotate(h, pos[h], xytext=(0, -9), textcoords="offset points", ha="center",
+                            va="top", fontsize=6, color="dimgray")
+    on_cycle = {b.switch for c in members.values() for b in c}
+    for sw in switches:
+        ax.text(*pos[sw], sw, ha="center", va="center", fontsize=8, zorder=4,
+                bbox={"boxstyle": "square,pad=0.4", "facecolor": "mistyrose" if sw in on_cycle else "white",
+                      "edgecolor": "red" if sw in on_cycle else "black"})
+    titles = []
+    for k, (text, cycle) in enumerate(sorted(members.items())):
+        eps = sorted(persistent[text], key=lambda r: _num(r.get("formed_s")) or 0.0)
+        colour = CYCLE_COLOURS[k % len(CYCLE_COLOURS)]
+        biggest = max(eps, key=lambda r: _num(r.get("max_bytes")) or 0.0)
+        per_edge = [int(v) for v in str(biggest.get("edge_bytes") or "").split() if v.isdigit()]
+        edges = egresses(cycle)
+        # edge_bytes lists the bytes leaving each member, egresses the egress each member waits on
+        for i, (x, z) in enumerate(edges):
+            if x not in pos or z not in pos:
+                continue
+            ax.annotate("", xy=pos[z], xytext=pos[x], zorder=3,
+                        arrowprops={"arrowstyle": "-|>,head_length=0.8,head_width=0.4", "color": colour,
+                                    "linewidth": 3.5, "shrinkA": 16, "shrinkB": 16,
+                                    "connectionstyle": "arc3,rad=0.12"})
+            if len(per_edge) == len(edges):
+                (xa, ya), (xb, yb) = pos[x], pos[z]
+                # just beyond the arc's bulge (arc3 bends to the right of X->Z)
+                mx, my = (xa + xb) / 2 + 0.08 * (yb - ya), (ya + yb) / 2 - 0.08 * (xb - xa)
+                ax.text(mx, my, f"{per_edge[i] / 1e3:,.1f} KB", color=colour, fontsize=8, ha="center",
+                        va="center", zorder=5, bbox={"boxstyle": "round,pad=0.2", "facecolor": "white",
+                                                     "edgecolor": "none", "alpha": 0.8})
+        if k < MAX_TITLE_CYCLES:
+            titles.append(_cycle_title(text, eps))
+    more = f"\n(and {len(members) - MAX_TITLE_CYCLES} more cycle(s))" if len(members) > MAX_TITLE_CYCLES else ""
+    heading = f"PFC deadlock: {len(members)} persistent cycle(s) of paused lossless buffers"
+    ax.set_title("\n".join([heading, *titles]) + more, fontsize=9)
+    if plan is None or plan.kind not in CLOS_KINDS:
+        ax.set_aspect("equal", adjustable="datalim")  # a circle stays round
+    ax.margins(0.08)
+    ax.axis("off")
+    fig.tight_layout()
+    _save(fig, out)
+    return True
+
+
 PLOTS = {
     "queue_depth.png": plot_queue_depth,
     "pauses.png": plot_pauses,
     "flow_rates.png": plot_flow_rates,
     "dcqcn_rates.png": plot_dcqcn_rates,
+    "deadlock.png": plot_deadlock,
 }
 
 
