@@ -44,8 +44,8 @@ def default_entropies(uplinks: int) -> int:
 
 def plan_entropies(uplinks_per_leaf: list[int], requested: int | None) -> int:
     """The entropies every NIC and leaf of a fabric use: the requested number, or the default
-    for its widest leaf."""
-    return requested or default_entropies(max(uplinks_per_leaf))
+    for its widest leaf (1 when no leaf has an uplink: a custom fabric of one switch)."""
+    return requested or default_entropies(max([1, *uplinks_per_leaf]))
 
 
 def entropy_ports(base_port: int, entropies: int) -> list[int]:

@@ -188,6 +188,11 @@ def fabric_line(spec: dict) -> str:
     if kind == "leaf-spine":
         shape = (f"{topo.get('spines')} spines x {topo.get('leaves')} leaves x "
                  f"{topo.get('hosts_per_leaf')} hosts per leaf")
+    elif kind == "custom":
+        shape = ", ".join(f"{len(topo.get(k) or [])} {k}" for k in ("switches", "hosts", "links"))
+        rates = [f"{label} {_custom_rates(topo, items, default)}" for items, default, label in
+                 (("hosts", "host_link", "host links"), ("links", "fabric_link", "fabric links"))]
+        return f"{name} ({kind}): " + "; ".join([shape, *rates])
     else:
         shape = ", ".join(f"{k} {fmt(v)}" for k, v in topo.items()
                           if k not in ("name", "kind", "dilation") and not isinstance(v, (dict, list)))
@@ -195,6 +200,15 @@ def fabric_line(spec: dict) -> str:
                                                                           ("fabric_link", "fabric links"))
              if isinstance(topo.get(key), dict) and "gbps" in topo[key]]
     return f"{name} ({kind}): " + "; ".join([shape, *rates])
+
+
+def _custom_rates(topo: dict, items: str, default: str) -> str:
+    """A custom fabric's host or switch links' rates (each its own, or the default): 'a-b Gb/s'."""
+    base = (topo.get(default) or {}).get("gbps")
+    rates = sorted({x.get("gbps") or base for x in topo.get(items) or [] if isinstance(x, dict)} - {None})
+    if not rates:
+        return "-"
+    return "-".join(dict.fromkeys(fmt(r) for r in (rates[0], rates[-1]))) + " Gb/s"
 
 
 def headline(summary: dict, spec: dict, metadata: dict | None) -> list[tuple[str, str]]:

@@ -17,12 +17,9 @@ from fabric_emu.spec.units import format_rate, format_size
 
 
 def print_plan(out: Console, plan: FabricPlan, exp: ExperimentSpec | None, ranks: list[str] | None) -> None:
-    host_link = plan.ports(plan.hosts[0].name)[0]
-    fabric = plan.uplinks(plan.leaves[0].name)[0]
     out.print(f"[bold]{plan.name}[/] ({plan.kind}): {layers(plan)}, dilation {plan.dilation:g}")
-    out.print(f"host links {format_rate(host_link.emulated_bps * plan.dilation)} modelled / "
-              f"{format_rate(host_link.emulated_bps)} emulated; fabric links "
-              f"{format_rate(fabric.emulated_bps * plan.dilation)} / {format_rate(fabric.emulated_bps)}; "
+    out.print(f"host links {link_rates(plan, 'host', ' modelled / ', ' emulated')}; fabric links "
+              f"{link_rates(plan, 'fabric', ' / ', '')}; "
               f"oversubscription {tiers_text(plan)}; MTU {plan.mtu} (RoCE {plan.roce_mtu}); "
               f"port buffer {plan.port_buffer} B")
     if dp := plan.extra.get("datapath"):
@@ -80,6 +77,17 @@ def print_plan(out: Console, plan: FabricPlan, exp: ExperimentSpec | None, ranks
               f"{t_line / plan.dilation * 1e6:,.0f} us modelled, {t_line:.2f} s emulated")
 
 
+def link_rates(plan: FabricPlan, kind: str, between: str, after: str) -> str:
+    """The modelled and emulated rate of a kind of link ('host', 'fabric'); the lowest to the
+    highest when they differ (a custom fabric's links may), 'none' when there is none."""
+    rates = sorted({ln.emulated_bps for ln in plan.links if ln.kind == kind})
+    if not rates:
+        return "none"
+    def span(scale: float) -> str:
+        return "-".join(dict.fromkeys(format_rate(r * scale) for r in (rates[0], rates[-1])))
+    return f"{span(plan.dilation)}{between}{span(1.0)}{after}"
+
+
 ROLE_NAMES = {"leaf": "leaves", "spine": "spines", "agg": "aggregation", "core": "core"}
 
 
@@ -97,7 +105,13 @@ def layers(plan: FabricPlan) -> str:
 
 
 def tiers_text(plan: FabricPlan) -> str:
-    """Oversubscription per tier: its capacity toward the hosts over its capacity upward."""
+    """Oversubscription per tier: its capacity toward the hosts over its capacity upward (in a
+    custom fabric, per leaf: its hosts' capacity over its links to other switches)."""
+    if plan.kind == "custom":
+        xs = sorted(set(plan.leaf_oversubscription().values()))
+        if not xs:
+            return "none (one switch)"
+        return " to ".join(f"{x:.3g}:1" for x in dict.fromkeys((xs[0], xs[-1]))) + " at the leaves"
     return ", ".join(f"{x:g}:1 at the {role_name(plan, role)}"
                      for role, x in plan.tier_oversubscription().items()) or "none (one tier)"
 
@@ -119,7 +133,7 @@ def print_leaf_paths(out: Console, plan: FabricPlan) -> None:
     t = Table("from", "to", "equal-cost paths", title="leaf-to-leaf paths")
     for a, b in pairs:
         paths = plan.paths(a, b)
-        t.add_row(a, b, f"{len(paths)}: " + ", ".join(">".join(p[1:-1]) for p in paths if len(p) > 2))
+        t.add_row(a, b, f"{len(paths)}: " + ", ".join(">".join(p[1:-1]) or "direct" for p in paths))
     out.print(t)
 
 

@@ -77,7 +77,7 @@ class ExperimentSpec(Strict):
         t, buf = self.topology, self.topology.port_buffer
         e, p = self.ecn, self.pfc
         frame = t.mtu + 14
-        gbps = max(t.host_link.gbps, t.fabric_link.gbps)
+        gbps = t.fastest_link_gbps
         need = headroom_bytes(frame, gbps, p.cable_length)
         kmin, kmax, headroom, xoff, xon = resolve_thresholds(e, p, buf, need)
         if e.enabled:

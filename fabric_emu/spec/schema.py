@@ -63,7 +63,7 @@ def topology_schema() -> dict:
     """The schema of a topology file (topologies/*.yaml)."""
     schema = TypeAdapter(Topology).json_schema(mode="validation")
     return _document(schema, "fabric-emu topology",
-                     "A fabric: its kind (leaf-spine, fat-tree or rail-optimized), size, links, "
+                     "A fabric: its kind (leaf-spine, fat-tree, rail-optimized or custom), size, links, "
                      "dilation, MTU and port buffers.")
 
 

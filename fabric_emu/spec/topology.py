@@ -1,12 +1,15 @@
-"""Topology models: the fabric's kind (leaf-spine, fat-tree, rail-optimized), its links,
-dilation, MTU and port buffers, and the switch names every kind uses."""
+"""Topology models: the fabric's kind (leaf-spine, fat-tree, rail-optimized, or custom: any
+switches, hosts and links), its links, dilation, MTU and port buffers, and the switch names
+every kind uses."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+import re
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BeforeValidator, Discriminator, Field, Tag, WithJsonSchema, field_validator
+from pydantic import BeforeValidator, Discriminator, Field, Tag, WithJsonSchema, field_validator, model_validator
 
+from fabric_emu.spec.errors import problem_at
 from fabric_emu.spec.fields import NAME_HELP, NAME_RE, Bytes, Strict
 
 
@@ -52,8 +55,13 @@ class TopologyBase(Strict):
     port_buffer: Bytes = Field(default=1_000_000, ge=10_000, le=1_000_000_000,
                                description="egress buffer per switch port, bytes")
 
+    @property
+    def fastest_link_gbps(self) -> float:
+        """The highest modelled rate of any link (PFC headroom is sized for it)."""
+        return max(self.host_link.gbps, self.fabric_link.gbps)
 
-TOPOLOGY_KINDS = ("leaf-spine", "fat-tree", "rail-optimized")
+
+TOPOLOGY_KINDS = ("leaf-spine", "fat-tree", "rail-optimized", "custom")
 UNKNOWN_KIND = f"allowed: {', '.join(TOPOLOGY_KINDS)}"
 KIND_HELP = f"the fabric's kind: {', '.join(TOPOLOGY_KINDS)}"
 
@@ -115,6 +123,163 @@ class RailOptimizedSpec(TopologyBase):
         return self.groups * self.servers_per_group * self.nics_per_server
 
 
+# Names of a custom fabric's switches and hosts: short enough that <name>-eth<port> fits Linux's
+# 15 characters (a switch with many ports may need a shorter name: CustomSpec checks), and no
+# '-', which joins the two ends of a link in events (r1-r2).
+CUSTOM_NAME_RE = r"^[a-z][a-z0-9]{0,9}$"
+CUSTOM_NAME_HELP = "1-10 lower-case letters and digits, starting with a letter"
+MAX_IFNAME = 15  # Linux's limit on interface names (IFNAMSIZ - 1)
+MAX_CUSTOM_LEAVES = 200  # host-attached switches: leaf n's hosts are 10.0.<n>.0/24
+MAX_CUSTOM_PORTS = 250  # per switch: a host's address ends in its switch port
+MAX_LINK_ENDS = 4095  # the port datapath's map (fabric_emu.ports.layout.MAX_PORTS - 1)
+
+
+def _custom_name(v: Any) -> Any:
+    if not isinstance(v, str) or not re.fullmatch(CUSTOM_NAME_RE, v):
+        raise ValueError(f"got {v!r} ({CUSTOM_NAME_HELP})")
+    return v
+
+
+CustomName = Annotated[str, BeforeValidator(_custom_name),
+                       WithJsonSchema({"type": "string", "pattern": CUSTOM_NAME_RE})]
+
+
+class CustomHostSpec(Strict):
+    """A host of a custom fabric: one NIC, on one switch."""
+
+    name: CustomName = Field(description=f"the host's name: {CUSTOM_NAME_HELP}")
+    switch: str = Field(description="the switch its NIC connects to (one of switches)")
+    gbps: Optional[float] = Field(default=None, gt=0, le=1600,
+                                  description="its link's modelled rate in Gb/s (default: host_link.gbps)")
+
+
+class CustomLinkSpec(Strict):
+    """A link between two switches of a custom fabric."""
+
+    a: str = Field(description="one end: a switch (one of switches)")
+    b: str = Field(description="the other end: another switch")
+    gbps: Optional[float] = Field(default=None, gt=0, le=1600,
+                                  description="its modelled rate in Gb/s (default: fabric_link.gbps)")
+
+
+def _few(names: list[str], n: int = 6) -> str:
+    return ", ".join(names[:n]) + (f", ... ({len(names)} in all)" if len(names) > n else "")
+
+
+class CustomSpec(TopologyBase):
+    """Any fabric: switches, hosts (each on one switch) and links between switches, each link
+    at its own rate if given. Routed like the other kinds, by equal-cost shortest paths;
+    switches with hosts are its leaves (numbered in the listed order), the others its spines."""
+
+    kind: Literal["custom"] = Field(description=KIND_HELP)
+    host_link: LinkSpec = Field(default=LinkSpec(gbps=100), description="host links without a gbps of their own")
+    fabric_link: LinkSpec = Field(default=LinkSpec(gbps=100), description="links without a gbps of their own")
+    switches: list[CustomName] = Field(min_length=1, max_length=1000,
+                                       description=f"the switches' names ({CUSTOM_NAME_HELP})")
+    hosts: list[CustomHostSpec] = Field(min_length=2, max_length=MAX_LINK_ENDS // 2,
+                                        description="the hosts, each with one NIC on one switch")
+    links: list[CustomLinkSpec] = Field(default=[], max_length=MAX_LINK_ENDS // 2,
+                                        description="links between two switches (at most one per pair)")
+
+    @property
+    def host_count(self) -> int:
+        return len(self.hosts)
+
+    @property
+    def fastest_link_gbps(self) -> float:
+        return max([h.gbps or self.host_link.gbps for h in self.hosts]
+                   + [ln.gbps or self.fabric_link.gbps for ln in self.links])
+
+    @model_validator(mode="after")
+    def _a_fabric(self):
+        """Unique names, known switches, no loops or parallel links, sizes that fit the addresses
+        and Linux, and every host able to reach every other."""
+        def problem(loc: tuple, msg: str, value: Any):
+            return problem_at("CustomSpec", loc, msg, value)
+
+        first: dict[str, tuple] = {}  # name -> where it was first given
+        for i, name in enumerate(self.switches):
+            if name in first:
+                raise problem(("switches", i), f"{name!r} is listed twice (switches.{first[name][1]})", name)
+            first[name] = ("switches", i)
+        for i, h in enumerate(self.hosts):
+            if h.name in first:
+                where = ".".join(map(str, first[h.name]))
+                what = "a switch" if first[h.name][0] == "switches" else "another host"
+                raise problem(("hosts", i, "name"), f"{h.name!r} is already the name of {what} ({where})", h.name)
+            first[h.name] = ("hosts", i, "name")
+        known = set(self.switches)
+        listed = f"switches are {_few(self.switches)}"
+        for i, h in enumerate(self.hosts):
+            if h.switch not in known:
+                raise problem(("hosts", i, "switch"), f"unknown switch {h.switch!r} ({listed})", h.switch)
+        pairs: dict[frozenset, int] = {}
+        for i, ln in enumerate(self.links):
+            for end in ("a", "b"):
+                if getattr(ln, end) not in known:
+                    raise problem(("links", i, end), f"unknown switch {getattr(ln, end)!r} ({listed})",
+                                  getattr(ln, end))
+            if ln.a == ln.b:
+                raise problem(("links", i, "b"), f"a link from {ln.a} to itself", ln.b)
+            pair = frozenset((ln.a, ln.b))
+            if pair in pairs:
+                raise problem(("links", i), f"{ln.a}-{ln.b} is already links.{pairs[pair]} (a custom fabric"
+                              " has at most one link between two switches)", f"{ln.a}-{ln.b}")
+            pairs[pair] = i
+        self._check_sizes(problem)
+        self._check_connected(problem)
+        return self
+
+    def _check_sizes(self, problem) -> None:
+        ports = {s: 0 for s in self.switches}
+        for h in self.hosts:
+            ports[h.switch] += 1
+        leaves = [s for s in self.switches if ports[s]]
+        if len(leaves) > MAX_CUSTOM_LEAVES:
+            raise problem(("hosts",), f"hosts are on {len(leaves)} switches; at most {MAX_CUSTOM_LEAVES}"
+                          " (each holds its hosts' 10.0.<n>.0/24)", len(leaves))
+        for ln in self.links:
+            ports[ln.a] += 1
+            ports[ln.b] += 1
+        for i, s in enumerate(self.switches):
+            if ports[s] > MAX_CUSTOM_PORTS:
+                raise problem(("switches", i), f"{s} has {ports[s]} ports (hosts and links); at most "
+                              f"{MAX_CUSTOM_PORTS}", s)
+            intf = f"{s}-eth{ports[s]}"
+            if len(intf) > MAX_IFNAME:
+                raise problem(("switches", i), f"{s} has {ports[s]} ports: interface names like {intf} are"
+                              f" longer than Linux's {MAX_IFNAME} characters; give it a name of at most"
+                              f" {MAX_IFNAME - len(intf) + len(s)} characters", s)
+        ends = 2 * (len(self.hosts) + len(self.links))
+        if ends > MAX_LINK_ENDS:
+            raise problem(("links",), f"{len(self.hosts)} hosts and {len(self.links)} links have {ends} link"
+                          f" ends; the port datapath holds {MAX_LINK_ENDS}", len(self.links))
+
+    def _check_connected(self, problem) -> None:
+        """Every switch in one piece with the first host's: a host elsewhere cannot reach it."""
+        peers: dict[str, set[str]] = {s: set() for s in self.switches}
+        for ln in self.links:
+            peers[ln.a].add(ln.b)
+            peers[ln.b].add(ln.a)
+        start = self.hosts[0]
+        seen, todo = {start.switch}, [start.switch]
+        while todo:
+            for p in peers[todo.pop()] - seen:
+                seen.add(p)
+                todo.append(p)
+        cut_off = [(i, h) for i, h in enumerate(self.hosts) if h.switch not in seen]
+        if cut_off:
+            i, h = cut_off[0]
+            others = f" (nor can {_few([x.name for _, x in cut_off[1:]])})" if len(cut_off) > 1 else ""
+            raise problem(("hosts", i, "switch"), f"{h.name} cannot reach {start.name}: no links join"
+                          f" {h.switch} to {start.switch}{others}", h.switch)
+        alone = [(i, s) for i, s in enumerate(self.switches) if s not in seen]
+        if alone:
+            i, s = alone[0]
+            more = f" (nor are {_few([x for _, x in alone[1:]])})" if len(alone) > 1 else ""
+            raise problem(("switches", i), f"{s} is not linked to the hosts' switches{more}", s)
+
+
 TopologySpec = LeafSpineSpec  # the default kind's model, under its first name
 
 
@@ -127,11 +292,12 @@ def _topology_kind(v: Any) -> str:
 
 Topology = Annotated[
     Union[Annotated[LeafSpineSpec, Tag("leaf-spine")], Annotated[FatTreeSpec, Tag("fat-tree")],
-          Annotated[RailOptimizedSpec, Tag("rail-optimized")]],
+          Annotated[RailOptimizedSpec, Tag("rail-optimized")], Annotated[CustomSpec, Tag("custom")]],
     Discriminator(_topology_kind)]
 
 
 # Switch names of every kind (fabric_emu.topo.plan): spineN, leafN; fat-tree coreN, aggN, edgeN;
-# rail-optimized gGrailR (group G's leaf of rail R).
-SWITCH_NAME = r"(?:(?:spine|leaf|core|agg|edge)[1-9][0-9]{0,3}|g[1-9][0-9]?rail[1-9])"
+# rail-optimized gGrailR (group G's leaf of rail R); custom: any CUSTOM_NAME_RE. The pattern
+# takes every one of them (the plan decides which exist: fabric_emu.run.prepare).
+SWITCH_NAME = r"[a-z][a-z0-9]{0,9}"
 SWITCH_PORT_RE = rf"^{SWITCH_NAME}-eth[0-9]{{1,3}}$"

@@ -13,6 +13,10 @@ switch; one /24 per leaf, the controller routes by them) and p is the leaf's por
     numbered pod by pod; hosts h1..h(k^3/4) edge by edge (see _fat_tree for the ports).
   rail-optimized: spine1..spineS; rail leaves g<group>rail<r>; server s's NIC r is host
     srv<s>n<r>, on rail leaf r of its group (see _rail_optimized).
+  custom: the spec's names. Switches with hosts are leaves, numbered 1.. in the listed order
+    (leaf n holds 10.0.<n>.0/24), the others spines; dpid 0x7000 + the switch's position in
+    the list. A switch's ports 1..H face its hosts (in the listed order), then one port per
+    link in the order the links are listed (see _custom).
 
   leaf-spine, 2 spines x 2 leaves x 2 hosts:
 
@@ -33,7 +37,8 @@ from functools import cached_property
 
 import networkx as nx
 
-from fabric_emu.spec.topology import FatTreeSpec, LeafSpineSpec, RailOptimizedSpec, TopologyBase
+from fabric_emu.spec.topology import (MAX_IFNAME, CustomSpec, FatTreeSpec, LeafSpineSpec, RailOptimizedSpec,
+                                      TopologyBase)
 
 # Bytes that RoCEv2 adds around the payload inside an IP packet: IPv4 20, UDP 8, BTH 12,
 # RETH 16 (first packet of a WRITE), ICRC 4. Used to pick the RoCE path MTU (iboe_get_mtu).
@@ -65,7 +70,7 @@ class Switch:
 @dataclass(frozen=True)
 class Host:
     name: str
-    index: int  # 1-based, leaf by leaf
+    index: int  # 1-based, in plan order (leaf by leaf but in a custom fabric: as listed)
     leaf: str
     leaf_port: int
     ip: str
@@ -79,7 +84,7 @@ class Link:
     a_port: int
     b: str
     b_port: int
-    kind: str  # "host" (host-leaf) | "fabric" (leaf-spine)
+    kind: str  # "host" (host-leaf) | "fabric" (between two switches)
     gbps: float  # modelled rate
     emulated_bps: float  # modelled rate / dilation
 
@@ -202,13 +207,21 @@ class FabricPlan:
         """All equal-cost shortest paths, sorted so every choice is deterministic."""
         return sorted(nx.all_shortest_paths(self.graph, src, dst))
 
+    def leaf_oversubscription(self) -> dict[str, float]:
+        """Per leaf with links to other switches: its host-facing capacity over the capacity of
+        those links (1.0 = non-blocking; in a custom fabric they may carry transit traffic too)."""
+        out = {}
+        for leaf in self.leaves:
+            up = sum(p.emulated_bps for p in self.uplinks(leaf.name))
+            if up:
+                out[leaf.name] = sum(p.emulated_bps for p in self.ports(leaf.name) if p.kind == "host") / up
+        return out
+
     @property
     def oversubscription(self) -> float:
-        """Per leaf: host-facing capacity over uplink capacity (1.0 = non-blocking)."""
-        leaf = self.leaves[0].name
-        down = sum(p.emulated_bps for p in self.ports(leaf) if p.kind == "host")
-        up = sum(p.emulated_bps for p in self.uplinks(leaf))
-        return down / up
+        """The first leaf's leaf_oversubscription (every leaf's in the generated kinds); 0.0 in a
+        fabric whose leaves have no links to other switches (one switch)."""
+        return next(iter(self.leaf_oversubscription().values()), 0.0)
 
     # ------------------------------------------------------------------ JSON hand-off
     def to_dict(self) -> dict:
@@ -234,16 +247,14 @@ class FabricPlan:
         )
 
 
-MAX_IFNAME = 15  # Linux's limit on interface names (IFNAMSIZ - 1)
-
-
 def build_plan(topo: TopologyBase, dilation: float | None = None) -> FabricPlan:
     """Plan a fabric of any kind. `dilation` overrides the topology's (which must be a number
     by now: fabric_emu.measure.capacity resolves 'auto')."""
     d = topo.dilation if dilation is None else dilation
     if d == "auto":
         raise ValueError("dilation 'auto' is not resolved yet (fabric_emu.measure.capacity.resolve_auto)")
-    wiring = {"leaf-spine": _leaf_spine, "fat-tree": _fat_tree, "rail-optimized": _rail_optimized}
+    wiring = {"leaf-spine": _leaf_spine, "fat-tree": _fat_tree, "rail-optimized": _rail_optimized,
+              "custom": _custom}
     if topo.kind not in wiring:
         raise ValueError(f"unsupported kind {topo.kind}")
     w = _Wiring(topo, d)
@@ -263,8 +274,7 @@ class _Wiring:
 
     def __init__(self, topo: TopologyBase, dilation: float):
         self.topo = topo
-        self.host_bps = topo.host_link.gbps * 1e9 / dilation
-        self.fabric_bps = topo.fabric_link.gbps * 1e9 / dilation
+        self.dilation = dilation
         self.switches: list[Switch] = []
         self.hosts: list[Host] = []
         self.links: list[Link] = []
@@ -274,17 +284,20 @@ class _Wiring:
         self.switches += tier
         return tier
 
-    def host(self, name: str, leaf: Switch, number: int, port: int) -> None:
-        """Host on leaf's port; leaf `number` n gives it 10.0.<n>.<port> (one /24 per leaf)."""
+    def host(self, name: str, leaf: Switch, number: int, port: int, gbps: float | None = None) -> None:
+        """Host on leaf's port; leaf `number` n gives it 10.0.<n>.<port> (one /24 per leaf). Its
+        link runs at `gbps`, or host_link's rate."""
         h = Host(name=name, index=len(self.hosts) + 1, leaf=leaf.name, leaf_port=port,
                  ip=f"10.0.{number}.{port}", mac=f"02:fe:00:00:{number:02x}:{port:02x}",
                  intf=f"{name}-eth0")
         self.hosts.append(h)
-        self.links.append(Link(h.name, 0, leaf.name, port, "host", self.topo.host_link.gbps, self.host_bps))
+        gbps = gbps or self.topo.host_link.gbps
+        self.links.append(Link(h.name, 0, leaf.name, port, "host", gbps, gbps * 1e9 / self.dilation))
 
-    def fabric(self, a: Switch, a_port: int, b: Switch, b_port: int) -> None:
-        self.links.append(Link(a.name, a_port, b.name, b_port, "fabric", self.topo.fabric_link.gbps,
-                               self.fabric_bps))
+    def fabric(self, a: Switch, a_port: int, b: Switch, b_port: int, gbps: float | None = None) -> None:
+        """A link between two switches, at `gbps` or fabric_link's rate."""
+        gbps = gbps or self.topo.fabric_link.gbps
+        self.links.append(Link(a.name, a_port, b.name, b_port, "fabric", gbps, gbps * 1e9 / self.dilation))
 
 
 def _leaf_spine(topo: LeafSpineSpec, w: _Wiring) -> None:
@@ -342,6 +355,31 @@ def _rail_optimized(topo: RailOptimizedSpec, w: _Wiring) -> None:
     for leaf in leaves:
         for spine in spines:
             w.fabric(leaf, per_group + spine.index, spine, leaf.index)
+
+
+def _custom(topo: CustomSpec, w: _Wiring) -> None:
+    """The spec's switches, hosts and links. Switches with hosts are leaves, numbered in the
+    listed order (leaf n: 10.0.<n>.0/24), the others spines (numbered likewise); dpid 0x7000 +
+    position in `switches`. A switch's ports: its hosts first (1..H, in the listed order), then
+    one per link, in the order `links` lists them."""
+    with_hosts = {h.switch for h in topo.hosts}
+    counts = {"leaf": 0, "spine": 0}
+    by_name: dict[str, Switch] = {}
+    for pos, name in enumerate(topo.switches, 1):
+        role = "leaf" if name in with_hosts else "spine"
+        counts[role] += 1
+        by_name[name] = Switch(name, role, counts[role], 0x7000 + pos)
+    w.switches += by_name.values()
+    next_port = dict.fromkeys(topo.switches, 1)
+    for h in topo.hosts:
+        leaf = by_name[h.switch]
+        w.host(h.name, leaf, leaf.index, next_port[leaf.name], h.gbps)
+        next_port[leaf.name] += 1
+    for ln in topo.links:
+        a, b = by_name[ln.a], by_name[ln.b]
+        w.fabric(a, next_port[a.name], b, next_port[b.name], ln.gbps)
+        next_port[a.name] += 1
+        next_port[b.name] += 1
 
 
 def resolve_ranks(plan: FabricPlan, ranks: str | list[str]) -> list[str]:
