@@ -65,15 +65,23 @@ def failovers(fired: list[dict], link_changes: list[dict], dilation: float) -> l
         if row.get("kind") != "link" or not row.get("ok") or "state" not in row:
             continue
         name = "-".join(sorted(row["link"].split("-")))
-        match = next((c for c in link_changes if c["link"] == name and c["state"] == row["state"]
-                      and c["time"] >= row["fired_wall"] - 0.5), None)
+        ours = [c for c in link_changes if c["link"] == name and c["state"] == row["state"]
+                and c["time"] >= row["fired_wall"] - 0.5]
+        match = next(iter(ours), None)
         rec = {"link": row["link"], "state": row["state"], "fired_s": row["fired_s"]}
         if match is None:
             rec.update(rerouted=False)
         else:
+            # failover: local: the switches' own detour, as soon as their port went down (the
+            # controller heard of it then); global: once the controller rerouted every switch.
             done = match["time"] + match["applied_s"] - row["fired_wall"]
-            rec.update(rerouted=match["answered"] and not match["switch_errors"],
+            rec.update(mode="local" if match.get("local") else "global",
+                       rerouted=match["answered"] and not match["switch_errors"],
                        failover_s=round(done, 6), failover_fabric_us=round(done / dilation * 1e6, 3))
+            converged = next((c for c in ours if c.get("converged")), None)
+            if converged is not None:
+                end = converged["time"] + converged["applied_s"] - row["fired_wall"]
+                rec["converged_fabric_us"] = round(end / dilation * 1e6, 3)
         out.append(rec)
     return out
 

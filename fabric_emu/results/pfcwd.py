@@ -4,6 +4,9 @@ whose times are on the monotonic clock; t0 is the agents' GO on that clock."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from fabric_emu.cc.deadlock import Episode, label_watchdog_event
 from fabric_emu.ports.watchdog import PREFIX
 
 
@@ -81,3 +84,22 @@ def drops_counted_off_the_switches(daemon: dict) -> int:
     rx = sum(q.get(f"{PREFIX}RX_DROPPED_PACKETS", 0) for q in (wd.get("queues") or {}).values())
     nic_rx = sum(v["drops"] for v in (daemon.get("nic_receive") or {}).values())
     return sum((daemon.get("storm_nic_drops") or {}).values()) + rx + nic_rx
+
+
+def label_storm_episodes(summary: dict, deadlocks: Sequence[Episode], plan) -> None:
+    """Label each of the summary's watchdog episodes (in place): `storm source` when the queue's
+    peer is a NIC storming then, `deadlock member` when its egress is on a deadlock cycle then,
+    else `victim` (it was paused by a storm or a deadlock further on)."""
+    episodes = (summary.get("pfcwd") or {}).get("episodes") or []
+    if not episodes:
+        return
+    peer_of = {p.intf: (sw.name, p.peer) for sw in plan.switches for p in plan.ports(sw.name)}
+    storms = summary.get("pfc_storms") or []
+    for e in episodes:
+        if e.get("detected_fabric_us") is None or e["intf"] not in peer_of:
+            continue
+        at = e["detected_fabric_us"] / 1e6
+        storming = {s["nic"] for s in storms if s["on_fabric_us"] is not None and s["on_fabric_us"] / 1e6 <= at
+                    and (s["off_fabric_us"] is None or at <= s["off_fabric_us"] / 1e6)}
+        switch, peer = peer_of[e["intf"]]
+        e["label"] = label_watchdog_event(switch, peer, at, deadlocks, storming)

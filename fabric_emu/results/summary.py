@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from fabric_emu.kernel.ovs_datapath import datapath_fields
 from fabric_emu.results.jobs import jobs_section, ring_section
-from fabric_emu.results.pfcwd import drops_counted_off_the_switches, pfcwd_section
+from fabric_emu.results.pfcwd import drops_counted_off_the_switches, label_storm_episodes, pfcwd_section
 from fabric_emu.results.routing import routing_section
 from fabric_emu.results.switch import reaction_summary, switch_section
 from fabric_emu.results.transport import flows_section, transport_section
@@ -33,6 +33,10 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
     transport = transport_section(plan, agents, switch["switch"]["drops"] + drops_counted_off_the_switches(daemon) if switch else None)
     reaction = reaction_summary(daemon, plan.dilation)
     unexplained = transport.get("transport", {}).get("unexplained_loss_packets", 0)
+    pfcwd = pfcwd_section(daemon, traffic.get("go_monotonic", 0.0), plan.dilation, traffic.get("traffic_fabric_s"))
+    deadlocks = traffic.get("deadlocks")  # fabric_emu.cc.deadlock.DeadlockTracker, with PFC on
+    if deadlocks is not None:
+        label_storm_episodes(pfcwd, deadlocks.episodes, plan)
     return {
         **run_section(spec, plan, ranks, state),
         **workload_results(spec, plan, ranks, agents, traffic.get("alone") or {}),
@@ -42,9 +46,10 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
         **({"nic": traffic["nics"]} if traffic.get("nics") else {}),
         **routing_section(traffic.get("events") or [], traffic.get("lb") or {}, plan.dilation),
         **({"pfc_reaction": reaction} if reaction else {}),
-        **pfcwd_section(daemon, traffic.get("go_monotonic", 0.0), plan.dilation, traffic.get("traffic_fabric_s")),
+        **pfcwd,
+        **({"deadlocks": deadlocks.summary()} if deadlocks is not None else {}),
         **trust_section(spec, traffic.get("cpu") or {}, agents, ports, traffic.get("events") or [], daemon,
-                        reaction, unexplained),
+                        reaction, unexplained, deadlocked=deadlocks is not None and deadlocks.summary()["deadlocked_at_end"]),
         **({"dilation_auto": plan.extra["dilation_auto"]} if "dilation_auto" in plan.extra else {}),
     }
 

@@ -15,7 +15,8 @@ from fabric_emu.spec.experiment import ExperimentSpec
 
 
 def trust_section(spec: ExperimentSpec, cpu: dict, agents: dict[str, dict], ports: list[PortCounters],
-                  events: list[dict], daemon: dict, reaction: dict | None, unexplained: int) -> dict:
+                  events: list[dict], daemon: dict, reaction: dict | None, unexplained: int,
+                  deadlocked: bool = False) -> dict:
     """summary.json's `fidelity` key, and `cpu` when the machine was sampled.
 
     cpu: the CPU monitor's report; events: the scheduled events that fired; daemon: the PFC
@@ -23,14 +24,18 @@ def trust_section(spec: ExperimentSpec, cpu: dict, agents: dict[str, dict], port
     where no switch counter saw them (results.transport)."""
     late = engine_lateness(agents)
     links_failed = any(e.get("kind") == "link" and e.get("state") == "down" and e.get("ok") for e in events)
-    # A link taken down loses what was on it, where no switch queue counts it: expected.
-    warnings = verdict(cpu, list(late.values()), 0 if links_failed else unexplained)
+    # A link taken down loses what was on it, where no switch queue counts it: expected. A run
+    # that ended deadlocked lost nothing: what was not delivered is held in the paused buffers.
+    warnings = verdict(cpu, list(late.values()), 0 if links_failed or deadlocked else unexplained)
     if ports:
         ecn, pfc = settings_of(spec)
         warnings += lossless_warnings(ports, asdict(ecn), pfc, reaction)
         warnings += daemon_warnings(daemon)
     note = None
-    if links_failed and unexplained:
+    if deadlocked and unexplained:
+        note = (f"{unexplained} packet(s) sent were not delivered: the run ended in a PFC deadlock "
+                "and they are held in its paused buffers (see deadlocks)")
+    elif links_failed and unexplained:
         note = (f"{unexplained} packet(s) were lost where no switch counter saw them: on the "
                 "link(s) taken down, with what their queues held (RC resent them)")
     machine = {k: v for k, v in cpu.items() if k.startswith("cpu_")}

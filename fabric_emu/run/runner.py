@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from fabric_emu.measure import counters
+from fabric_emu.measure.deadlocks import DeadlockSampler
 from fabric_emu.results import folder as results
 from fabric_emu.workloads.flows import planned_bytes, workload_line_rate_s
 from fabric_emu.run.background import Background
@@ -175,6 +176,7 @@ class Runner:
         if "traffic_start" in traffic:  # the PFC daemon's log is on the monotonic clock, from GO
             traffic["go_monotonic"] = go = self._go_monotonic(traffic)
             traffic["traffic_fabric_s"] = (traffic["ended_monotonic"] - go) / self.plan.dilation
+        traffic["deadlocks"] = deadlocks = self._deadlocks(traffic)
         summary = build_summary(self.spec, self.plan, self.ranks, traffic, state)
         results.write_json(run_dir / "summary.json", summary)
         results.write_json(run_dir / "metadata.json", {
@@ -201,6 +203,8 @@ class Runner:
                                                                  self._go_monotonic(traffic)))
         if (traffic.get("pfc_daemon") or {}).get("watchdog"):
             results.write_csv(run_dir / "pfcwd.csv", pfcwd_rows(traffic["pfc_daemon"]))
+        if deadlocks is not None and deadlocks.episodes:
+            results.write_csv(run_dir / "deadlocks.csv", deadlocks.rows())
         print_summary(self.console, summary, run_dir)
         try:  # after every CSV; a plot never fails the run
             from fabric_emu.results.plots import write_plots
@@ -213,6 +217,17 @@ class Runner:
         if summary.get("error"):
             self.err.print(f"error: {summary['error']}", style="red")
         return 0 if summary["status"] == "ok" else 1
+
+    def _deadlocks(self, traffic: dict):
+        """The PFC deadlock detector over the run's samples (with PFC on): a cycle persisted
+        once it held for the watchdog's detection time (the classroom preset's when the
+        watchdog is off)."""
+        if not self.spec.pfc.enabled or "go_monotonic" not in traffic or not traffic.get("waits"):
+            return None
+        from fabric_emu.measure.deadlocks import track
+
+        return track(traffic["waits"], traffic["go_monotonic"], self.plan.dilation,
+                     self.spec.pfcwd.detection_time, [s.name for s in self.plan.switches])
 
     @staticmethod
     def _go_monotonic(traffic: dict) -> float:
@@ -291,7 +306,8 @@ class Runner:
             progress.start(go)
 
         with CpuMonitor(processes=self._watched(), datapath=datapath_of(self.plan.extra)) as cpu, counters.QueueSampler(
-                self.plan, lossless.backlogs_now, lossless.paused_now) as queues, progress:
+                self.plan, lossless.backlogs_now, lossless.paused_now) as queues, progress, DeadlockSampler(
+                lossless.waits_now) as waits:
             try:  # the NIC engines register with cpu.watch as they start
                 agents = run_agents(self.spec, self.plan, self.ranks, self.routed.fabric, record,
                                     workdir, self.say, watch=cpu.watch, info=self.nic_info,
@@ -322,7 +338,7 @@ class Runner:
                         "ports": ports, "queues": queues.rows, "cpu": cpu.summary(),
                         "traffic_start": t, "thresholds": lossless.installed(), "nics": nics,
                         "events": fired, "lb": lb_state, "alone": alone, "background": flows_behind,
-                        "ended_monotonic": ended_monotonic}
+                        "ended_monotonic": ended_monotonic, "waits": waits.samples}
         if cut_short is not None:
             raise cut_short
 
