@@ -35,7 +35,7 @@ from os_ken.lib import hub
 from os_ken.ofproto import ofproto_v1_5 as ofp
 from os_ken.ofproto import ofproto_v1_5_parser as parser
 
-from controller.core import (TTL_COOKIE, UPLINK_BUILDERS, Action, Conflict, DecTtl, DeleteFlows, FabricCore,
+from controller.core import (TTL_COOKIE, UPLINK_BUILDERS, Action, Conflict, DecTtl, DeleteFlows, FabricCore, Hairpin,
                              Flow, Group, LbOptions, Message, Output, PacketOut, ResetSwitch, SetEthSrc,
                              ToController, ToGroup)
 from controller.rest import make_app
@@ -124,6 +124,8 @@ def _actions(actions: Iterable[Action]) -> list[parser.OFPAction]:
                 out.append(parser.OFPActionSetField(eth_src=mac))
             case DecTtl():
                 out.append(parser.OFPActionDecNwTtl())
+            case Hairpin():
+                out.append(parser.OFPActionSetField(in_port=0))
     return out
 
 

@@ -127,7 +127,14 @@ class DecTtl:
     """Decrement the IPv4 TTL (a router's hop); table 0 has dropped TTL 0 and 1 already."""
 
 
-Action = Union[Output, ToGroup, ToController, SetEthSrc, DecTtl]
+@dataclass(frozen=True)
+class Hairpin:
+    """Let the output go back out the port the packet came in by (Open vSwitch skips an output to
+    the in_port otherwise): clears the in_port. A detour may bounce a packet back where it came
+    from, as a real switch would, and loops end by their TTL, not silently."""
+
+
+Action = Union[Output, ToGroup, ToController, SetEthSrc, DecTtl, Hairpin]
 
 
 @dataclass(frozen=True)
@@ -335,10 +342,12 @@ def _ipv4_dst(net: ipaddress.IPv4Network) -> dict:
     return {"eth_type": ETH_TYPE_IPV4, "ipv4_dst": (str(net.network_address), str(net.netmask))}
 
 
-def forward(actions: tuple[Action, ...]) -> tuple[Action, ...]:
-    """A route's actions as a router carries them out: the TTL goes down by one, then out.
-    A route with no action stays a drop."""
-    return (DecTtl(), *actions) if actions else ()
+def forward(actions: tuple[Action, ...], hairpin: bool = False) -> tuple[Action, ...]:
+    """A route's actions as a router carries them out: the TTL goes down by one, then out (back
+    out the in_port too, with hairpin). A route with no action stays a drop."""
+    if not actions:
+        return ()
+    return (DecTtl(), Hairpin(), *actions) if hairpin else (DecTtl(), *actions)
 
 
 def detours(plan: FabricPlan, switch: str, dest: str, primary: set[str]) -> list[Port]:
@@ -389,6 +398,10 @@ class FabricCore:
         for end in port_ends(plan):
             if end.role == "switch":
                 self._port_ids.setdefault(end.node, {})[end.port] = end.id
+
+    def _forward(self, actions: tuple[Action, ...]) -> tuple[Action, ...]:
+        """forward(), with hairpins where detours may send a packet back (failover: local)."""
+        return forward(actions, hairpin=self.failover == "local")
 
     def switch_of(self, dpid: int) -> Switch | None:
         return self._switch_by_dpid.get(dpid)
@@ -459,7 +472,7 @@ class FabricCore:
                 actions = (ToGroup(gid),)
             src, dst = self.plan.host_by_name[path["src"]], self.plan.host_by_name[path["dst"]]
             flows.append(Flow(ROUTE_TABLE, PRIO_PINNED, {"eth_type": ETH_TYPE_IPV4, "ipv4_src": src.ip,
-                                                         "ipv4_dst": dst.ip}, forward(actions), cookie=PINNED_COOKIE))
+                                                         "ipv4_dst": dst.ip}, self._forward(actions), cookie=PINNED_COOKIE))
         return groups, flows
 
     def _failover_group(self, gid: int, switch: Switch, dest: str, primary: tuple[Action, ...],
@@ -543,7 +556,7 @@ class FabricCore:
 
     def _local_hosts(self, leaf: Switch) -> list[Flow]:
         return [Flow(ROUTE_TABLE, PRIO_LOCAL_HOST, {"eth_type": ETH_TYPE_IPV4, "ipv4_dst": h.ip},
-                     forward((Output(h.leaf_port),)))
+                     self._forward((Output(h.leaf_port),)))
                 for h in self.plan.hosts if h.leaf == leaf.name]
 
     def _leaf_rules(self, leaf: Switch) -> tuple[tuple[Group, ...], list[Flow]]:
@@ -586,7 +599,7 @@ class FabricCore:
                 gid = LOCAL_GROUP_BASE + number
                 groups.append(self._failover_group(gid, switch, name, actions, {p.peer for p in ports}, **watch))
                 actions = (ToGroup(gid),)
-            routes.append(Flow(ROUTE_TABLE, PRIO_PREFIX, _ipv4_dst(net), forward(actions)))
+            routes.append(Flow(ROUTE_TABLE, PRIO_PREFIX, _ipv4_dst(net), self._forward(actions)))
         return self._add_or_modify(switch, groups), routes
 
     def _add_or_modify(self, switch: Switch, groups: list[Group]) -> tuple[Group, ...]:
