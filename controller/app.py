@@ -124,8 +124,8 @@ def _actions(actions: Iterable[Action]) -> list[parser.OFPAction]:
                 out.append(parser.OFPActionSetField(eth_src=mac))
             case DecTtl():
                 out.append(parser.OFPActionDecNwTtl())
-            case Hairpin():
-                out.append(parser.OFPActionSetField(in_port=0))
+            case Hairpin():  # Open vSwitch's idiom, in_port = 0 through its 16-bit NXM field (the
+                out.append(parser.OFPActionSetField(in_port_nxm=0))  # OXM one refuses port 0)
     return out
 
 

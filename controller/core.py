@@ -462,6 +462,8 @@ class FabricCore:
             via = path["via"]
             if switch.name not in via[:-1]:
                 continue
+            if self.failover == "global" and any(frozenset(hop) in self.down for hop in zip(via, via[1:])):
+                continue  # a link of the path is down: the pair is routed like any other until it is back
             nxt = via[via.index(switch.name) + 1]
             port = next(p for p in self.plan.ports(switch.name) if p.peer == nxt)
             actions: tuple[Action, ...] = (Output(port.port),)
@@ -473,7 +475,12 @@ class FabricCore:
             src, dst = self.plan.host_by_name[path["src"]], self.plan.host_by_name[path["dst"]]
             flows.append(Flow(ROUTE_TABLE, PRIO_PINNED, {"eth_type": ETH_TYPE_IPV4, "ipv4_src": src.ip,
                                                          "ipv4_dst": dst.ip}, self._forward(actions), cookie=PINNED_COOKIE))
-        return groups, flows
+        return list(self._add_or_modify(switch, groups)), flows
+
+    def _pinned_messages(self, switch: Switch) -> list[Message]:
+        """The pinned paths' flows at a switch again, for the links up now."""
+        groups, flows = self._pinned_rules(switch)
+        return [DeleteFlows(ROUTE_TABLE, PINNED_COOKIE), *groups, *flows] if self.pinned else []
 
     def _failover_group(self, gid: int, switch: Switch, dest: str, primary: tuple[Action, ...],
                         primary_peers: set[str], watch_port: int | None = None,
@@ -512,13 +519,16 @@ class FabricCore:
         out = {}
         for leaf in self.plan.leaves:
             groups, routes = self._leaf_routing(leaf)
-            out[leaf.dpid] = [*groups, *routes, DeleteFlows(ROUTE_TABLE, LB_COOKIE), *self._lb_flows(leaf)]
+            out[leaf.dpid] = [*groups, *routes, DeleteFlows(ROUTE_TABLE, LB_COOKIE), *self._lb_flows(leaf),
+                              *self._pinned_messages(leaf)]
+        for spine in self.plan.spines if self.pinned else ():
+            out[spine.dpid] = self._pinned_messages(spine)
         return out
 
     def reroute_all(self) -> dict[int, list[Message]]:
         """Every switch's routes over the links that are up now (graph routing)."""
         self._dists = None
-        return {sw.dpid: [*groups, *routes] for sw in self.plan.switches
+        return {sw.dpid: [*groups, *routes, *self._pinned_messages(sw)] for sw in self.plan.switches
                 for groups, routes in [self._graph_routing(sw)]}
 
     def link_of(self, dpid: int, port: int) -> tuple[str, str] | None:

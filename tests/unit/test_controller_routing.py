@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.core import (LOCAL_GROUP_BASE, PRIO_PINNED, PRIO_TTL_EXPIRED, TTL_COOKIE, DecTtl,
+from controller.core import (LOCAL_GROUP_BASE, PINNED_COOKIE, PRIO_PINNED, PRIO_TTL_EXPIRED, TTL_COOKIE, DecTtl, DeleteFlows,
                              FabricCore, Flow, Group, Output, ToGroup, detours)
 from fabric_emu.run.prepare import SpecError, check_paths, routing_of
 from fabric_emu.spec.experiment import ExperimentSpec
@@ -208,3 +208,15 @@ def plan_topology() -> dict:
     import yaml
     from pathlib import Path
     return yaml.safe_load((Path(__file__).parents[2] / "topologies" / "ring4.yaml").read_text())
+
+
+def test_with_global_failover_a_pinned_path_over_a_failed_link_gives_way_to_the_routes():
+    plan = with_routing(ls(), [{"src": "h2", "dst": "h1", "via": ["leaf2", "spine1", "leaf1"]}])
+    core = FabricCore(plan)
+    assert _walk(core, "h2", "h1") == ["leaf2", "spine1", "leaf1"]
+    msgs = core.link_changed("spine1", "leaf1", up=False)
+    spine1 = plan.switch_by_name["spine1"].dpid
+    assert any(isinstance(m, DeleteFlows) and m.cookie == PINNED_COOKIE for m in msgs[spine1])
+    assert not any(isinstance(m, Flow) and m.priority == PRIO_PINNED for m in msgs[spine1])
+    back = core.link_changed("spine1", "leaf1", up=True)
+    assert any(isinstance(m, Flow) and m.priority == PRIO_PINNED for m in back[spine1])
