@@ -1,4 +1,4 @@
-"""Fat-tree and rail-optimized fabrics for real (Mininet, OVS, os-ken, agents): every host
+"""Fat-tree, rail-optimized and custom (a ring) fabrics for real (Mininet, OVS, os-ken, agents): every host
 reaches every other, also around a failed link, and the shipped quickstarts' ring all-reduce
 runs at the host link rate with results the fidelity check trusts."""
 
@@ -22,9 +22,10 @@ from tests.integration.fabric_checks import REPO, leftovers, read_csv, read_json
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
-EXPERIMENTS = ["quickstart-fat-tree", "quickstart-rail"]
+EXPERIMENTS = ["quickstart-fat-tree", "quickstart-rail", "quickstart-ring"]
 # A link between two upper-tier switches (fat-tree) or a rail leaf and a spine, taken down.
-CUT = {"quickstart-fat-tree": ("agg1", "core1"), "quickstart-rail": ("g1rail1", "spine1")}
+CUT = {"quickstart-fat-tree": ("agg1", "core1"), "quickstart-rail": ("g1rail1", "spine1"),
+       "quickstart-ring": ("r1", "r2")}
 
 
 def unreachable(routed: RoutedFabric, plan: FabricPlan) -> list[str]:
