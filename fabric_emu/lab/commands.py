@@ -242,6 +242,7 @@ SET_ELSEWHERE = {"topology": "the fabric is built: leave the lab and start it wi
                  "workloads": "use run", "congestion_control": "use cc", "dcqcn": "use dcqcn",
                  "spray": "the fabric is built with it: start the lab with --set",
                  "dlb": "the fabric is built with it: start the lab with --set",
+                 "paths": "the fabric is routed with them: leave the lab and start it with --set",
                  "capture": "the lab does not capture (use tcpdump on a node)", "pfcwd": "use pfcwd start|stop", "name": "the lab's experiment keeps its name"}
 
 
@@ -259,3 +260,16 @@ def parse_set(words: list[str]) -> dict[str, str]:
             raise LabInputError(f"set: {key}: {SET_ELSEWHERE[top]}")
         out[key] = raw
     return out
+
+
+DEADLOCK_PARTS = ("now", "last")
+
+
+def parse_deadlocks(words: list[str]) -> tuple[str, ...]:
+    """`deadlocks [now|last]`: the cycles in the fabric now, the last run's deadlock summary, or
+    both (nothing given)."""
+    if not words:
+        return DEADLOCK_PARTS
+    if len(words) == 1 and words[0] in DEADLOCK_PARTS:
+        return (words[0],)
+    raise LabInputError("deadlocks: expected nothing, now (the cycles now) or last (the last run's summary)")

@@ -29,7 +29,7 @@ PROMPT = "lab> "
 MININET_COMMANDS = ("nodes", "net", "links", "intfs", "dump", "pingall", "pingpair", "iperf",
                     "xterm", "sh", "py", "source")
 LAB_COMMANDS = ("run", "lb", "ecn", "pfc", "pfcwd", "storm", "cc", "dcqcn", "set", "link", "ports", "queues",
-                "flows", "knobs", "runs", "save", "expect", "quit")
+                "flows", "deadlocks", "knobs", "runs", "save", "expect", "quit")
 DCQCN_KEYS = tuple(DcqcnSpec.model_fields)
 
 
@@ -170,6 +170,11 @@ class LabCLI(CLI):
         run = self.session.run(req.workload, req.label, f"run {line}".strip())
         name = req.label or f"run{run.number}"
         status = run.summary.get("status")
+        if status == "incomplete" and (run.summary.get("deadlocks") or {}).get("deadlocked_at_end"):
+            # Not the lab's failure: the flows could not finish because the fabric locked up.
+            self.out.print(f"{name}: incomplete: it ended in a PFC deadlock, the bytes left held in paused buffers "
+                           f"(deadlocks); results in {run.run_dir}", highlight=False, soft_wrap=True)
+            return
         self.out.print(f"{name}: {status}; results in {run.run_dir}", highlight=False, soft_wrap=True)
         if status != "ok":
             raise commands.LabInputError(f"run: {name} did not finish ok ({run.summary.get('error', status)})")
@@ -297,6 +302,25 @@ class LabCLI(CLI):
     def do_flows(self, line: str) -> None:
         """flows: the last run's queue pairs: path, bytes, completion time, goodput, DCQCN's lowest rate."""
         views.print_flows(self.out, self._last_dir(), self._snapshot())
+
+    def do_deadlocks(self, line: str) -> None:
+        """deadlocks [now|last]: PFC deadlock cycles now (members, bytes held) and the last run's (formations, period).
+        deadlocks now     the cycles of lossless buffers waiting on each other now, read from the switches
+        deadlocks last    the last run's summary.json deadlocks: formations, first formed, period, unbroken at the end"""
+        parts = commands.parse_deadlocks(shlex.split(line))
+        if "now" in parts:
+            from fabric_emu.live.reader import LiveReader
+
+            reader = LiveReader(self.session.record.live_path)
+            try:
+                cycles, paused = reader.deadlocks_now(), reader.paused_now()
+            finally:
+                reader.close()
+            views.print_deadlocks_now(self.out, cycles, paused)
+        if "last" in parts:
+            last = self.session.runs[-1] if self.session.runs else None
+            views.print_deadlocks_last(self.out, None if last is None else (last.label or f"run{last.number}"),
+                                       None if last is None else last.summary)
 
     def do_knobs(self, line: str) -> None:
         """knobs: the settings the next run gets (load balancing, ECN, PFC, congestion control, links)."""

@@ -1,4 +1,4 @@
-"""What the lab's `ports`, `queues`, `flows` and `knobs` print: rich tables from the live
+"""What the lab's `ports`, `queues`, `flows`, `knobs`, `pfcwd show` and `deadlocks` print: rich tables from the live
 snapshot (fabric_emu.live.reader), the installed thresholds and the last run's measurements."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from fabric_emu.live.snapshot import Snapshot
+from fabric_emu.live.snapshot import DeadlockCycle, Snapshot
 from fabric_emu.spec.units import format_time
 
 
@@ -168,3 +168,52 @@ def print_pfcwd_stats(out: Console, last_run: Path | None, every_queue: bool) ->
     if len(shown) < len(rows):
         out.print(f"({len(rows) - len(shown)} queues that never stormed left out: pfcwd show stats -e)",
                   highlight=False)
+
+
+def _us(s: float | None) -> str:
+    return "-" if s is None else f"{s * 1e6:,.1f} us"
+
+
+def print_deadlocks_now(out: Console, cycles: list[DeadlockCycle], paused: list[str]) -> None:
+    """`deadlocks now`: every cycle of lossless buffers waiting on each other now, and the bytes
+    each holds for (and waits on) the next; without one, the egresses paused now."""
+    if not cycles:
+        out.print("no deadlock now" + (f" ({len(paused)} lossless egress{'es' if len(paused) != 1 else ''} "
+                                       f"paused: {', '.join(paused)})" if paused else " (no lossless egress paused)"),
+                  markup=False, highlight=False, soft_wrap=True)
+        return
+    out.print(f"DEADLOCK now: {len(cycles)} cycle{'s' if len(cycles) != 1 else ''} of lossless buffers "
+              "(X.in(Y): switch X's bytes from Y)", style="bold red", markup=False, highlight=False)
+    for c in cycles:
+        out.print(f"  {c.text}  ({len(c.members)} buffers, {_kb(c.held_bytes)} KB held)",
+                  markup=False, highlight=False, soft_wrap=True)
+        for i, (member, n, (sw, peer)) in enumerate(zip(c.members, c.edge_bytes, c.egresses())):
+            nxt = c.members[(i + 1) % len(c.members)]
+            out.print(f"    {member} holds {_kb(n)} KB for {sw}->{peer}, paused by {peer}: waits on {nxt}",
+                      markup=False, highlight=False, soft_wrap=True)
+
+
+def print_deadlocks_last(out: Console, name: str | None, summary: dict | None) -> None:
+    """`deadlocks last`: the last run's summary.json deadlocks: formations, when the first
+    formed, the period between formations, whether one held at the end; per persistent cycle."""
+    if name is None:
+        out.print("no run yet: `run` something, then `deadlocks last` sums up its deadlocks", highlight=False)
+        return
+    d = (summary or {}).get("deadlocks")
+    if not d:
+        out.print(f"{name}: no deadlock figures (the run measured none)", highlight=False)
+        return
+    if not d.get("formations"):
+        out.print(f"{name}: no deadlock formed", highlight=False)
+        return
+    out.print(f"{name}: {d['formations']} formation{'s' if d['formations'] != 1 else ''} of {d['cycles_seen']} "
+              f"cycle{'s' if d['cycles_seen'] != 1 else ''}, {d['persistent_formations']} persistent "
+              f"(held >= {_us(d['min_duration_s'])}); first formed at {_us(d['first_formed_s'])}, period "
+              f"{_us(d['period_s'])}; deadlocked at the end: {'yes' if d['deadlocked_at_end'] else 'no'}",
+              markup=False, highlight=False, soft_wrap=True)
+    for p in d.get("persistent", []):
+        out.print(f"  {p['cycle']}  ({p['length']} buffers): {p['formations']} formation"
+                  f"{'s' if p['formations'] != 1 else ''}, first at {_us(p['first_formed_s'])}, longest "
+                  f"{_us(p['longest_s'])}, most held {_kb(p['max_bytes'])} KB, period {_us(p['period_s'])}"
+                  + (", unbroken at the end" if p["unbroken_at_end"] else ", broken"),
+                  markup=False, highlight=False, soft_wrap=True)

@@ -16,7 +16,7 @@ from http.server import ThreadingHTTPServer
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.exposition import start_http_server
 
-from fabric_emu.live.snapshot import PRIORITIES, Snapshot
+from fabric_emu.live.snapshot import PRIORITIES, Snapshot, deadlocked_ports
 
 LISTEN_HOST = "127.0.0.1"
 PORT_LABELS = ["switch", "port", "peer"]
@@ -78,7 +78,7 @@ def metric_families(snap: Snapshot | None) -> list[Metric]:
                 depth.add_metric([*_port_labels(p), str(prio)], p.queue_bytes[prio])
             if prio in p.paused:
                 paused.add_metric([*_port_labels(p), str(prio)], float(p.paused[prio]))
-    out += [link, depth, paused, *_storm_gauges(snap)]
+    out += [link, depth, paused, *_storm_gauges(snap), *_deadlock_gauges(snap)]
     if snap.baseline:  # counters only once they count from traffic start (never go back)
         out += _port_counters(snap) + _storm_counters(snap)
     out += _qps(snap)
@@ -136,6 +136,19 @@ def _storm_gauges(snap: Snapshot) -> list[Metric]:
         stormed.add_metric(_port_labels(p), float(p.stormed))
         peer.add_metric(_port_labels(p), float(p.peer_storming))
     return [stormed, peer]
+
+
+def _deadlock_gauges(snap: Snapshot) -> list[Metric]:
+    """PFC deadlocks now: how many cycles, and which ports' paused egresses they run through."""
+    n = GaugeMetricFamily("fabric_emu_deadlock_cycles",
+                          "PFC deadlock cycles in the lossless buffers' wait-for graph now", value=len(snap.deadlocks))
+    member = GaugeMetricFamily("fabric_emu_deadlock_port",
+                               "1 while the port's paused egress is on a PFC deadlock cycle (its peer's buffer for "
+                               "this switch's bytes is a member)", labels=PORT_LABELS)
+    locked = deadlocked_ports(snap)
+    for p in snap.ports:
+        member.add_metric(_port_labels(p), float(p.intf in locked))
+    return [n, member]
 
 
 def _storm_counters(snap: Snapshot) -> list[Metric]:

@@ -21,8 +21,8 @@ from pyroute2 import IPRoute
 from fabric_emu.measure import counters
 from fabric_emu.measure.counters import PortCounters
 from fabric_emu.measure.fidelity import CPU_SATURATED, _cpu_times
-from fabric_emu.live.manifest import LiveManifest
-from fabric_emu.live.snapshot import PRIORITIES, PortSample, QpSample, Snapshot
+from fabric_emu.live.manifest import LiveManifest, LivePort
+from fabric_emu.live.snapshot import LOSSLESS, PRIORITIES, DeadlockCycle, PortSample, QpSample, Snapshot, deadlock_cycles
 from fabric_emu.ports import queues
 from fabric_emu.ports.layout import PortTable
 from fabric_emu.measure.thread_cpu import CLK_TCK, ovs_vswitchd_pid, read_threads
@@ -68,6 +68,31 @@ def final_storms(table: PortTable, ports: list) -> dict[str, dict[str, int]]:
     return out
 
 
+def waits_of(pairs: dict[tuple[int, int], int], ports: list[LivePort],
+             paused: dict[str, dict[int, bool]]) -> tuple[dict[tuple[str, str, str], int], set[tuple[str, str]]]:
+    """The deadlock detector's (held, paused) from the port program's pair map (lossless bytes
+    per (ingress port id, egress port id), PortMaps.pairs) and the ports' pause state, named by
+    the manifest's ports as LosslessPorts.waits_now names them: held[(X, Y, Z)] bytes switch X
+    holds from neighbour Y for neighbour Z; paused {(X, Z)}: X's egress toward Z is paused."""
+    by_id = {lp.id: lp for lp in ports}
+    held: dict[tuple[str, str, str], int] = {}
+    for (i, o), n in pairs.items():
+        a, b = by_id.get(i), by_id.get(o)
+        if a is not None and b is not None and a.switch == b.switch:
+            held[(a.switch, a.peer, b.peer)] = held.get((a.switch, a.peer, b.peer), 0) + n
+    stopped = {(lp.switch, lp.peer) for lp in ports if paused.get(lp.intf, {}).get(LOSSLESS)}
+    return held, stopped
+
+
+def deadlocks_now(maps, ports: list[LivePort], paused: dict[str, dict[int, bool]]) -> list[DeadlockCycle]:
+    """The cycles now; the pair map (one bpf(2) call per held pair) is walked only when some
+    lossless egress is paused: without a pause there is no wait, let alone a cycle."""
+    if not any(p.get(LOSSLESS) for p in paused.values()):
+        return []
+    held, stopped = waits_of(maps.pairs(), ports, paused)
+    return deadlock_cycles(held, stopped, {lp.switch for lp in ports})
+
+
 class LiveReader:
     """Snapshots of one run; keeps its handles (BPF map, netlink socket) between reads."""
 
@@ -106,13 +131,43 @@ class LiveReader:
             ports = [self._sample(lp, final_row(by_intf.get(lp.intf, {})), {}, {}, storms.get(lp.intf))
                      for lp in m.ports]
             taken = m.ended or taken
+            cycles = []
         else:
             ports = self._live_ports(notes)
+            cycles = self._deadlocks(ports, notes)
         snap = Snapshot(run_id=m.run_id, experiment=m.experiment, taken=taken, phase=m.phase,
                         dilation=m.dilation, go=m.go, load_balancing=self._lb_mode(),
                         congestion_control=m.congestion_control, ports=ports, qps=self._qps(),
-                        fidelity=self._fidelity(), baseline=m.baseline is not None, notes=notes)
+                        fidelity=self._fidelity(), baseline=m.baseline is not None, notes=notes,
+                        deadlocks=cycles)
         return snap
+
+    def deadlocks_now(self) -> list[DeadlockCycle]:
+        """The cycles in the fabric now, whatever the run's phase (a run over keeps its final
+        counters, but the buffers a deadlock holds stay held after it): the lab's `deadlocks`.
+        OSError when the maps cannot be read."""
+        from fabric_emu.ports.datapath import PortMaps
+
+        if self._maps is None:
+            self._maps = PortMaps(Path(self.manifest.pins))
+        t = self._maps.table
+        paused = {lp.intf: {LOSSLESS: bool(t.get(lp.id, "paused_since", LOSSLESS))} for lp in self.manifest.ports}
+        return deadlocks_now(self._maps, self.manifest.ports, paused)
+
+    def paused_now(self) -> list[str]:
+        """The switch ports whose lossless egress is paused now (after deadlocks_now)."""
+        t = self._maps.table
+        return [lp.intf for lp in self.manifest.ports if t.get(lp.id, "paused_since", LOSSLESS)]
+
+    def _deadlocks(self, ports: list[PortSample], notes: list[str]) -> list[DeadlockCycle]:
+        """PFC deadlock cycles now, from the pause state just read and the pair map."""
+        if self._maps is None:
+            return []
+        try:
+            return deadlocks_now(self._maps, self.manifest.ports, {p.intf: p.paused for p in ports})
+        except OSError as e:
+            notes.append(f"no lossless buffer pairs ({e.strerror or e}); deadlocks are not shown")
+            return []
 
     def _sample(self, lp, row: dict, queue_bytes: dict[int, int], paused: dict[int, bool],
                 storm: dict | None = None) -> PortSample:

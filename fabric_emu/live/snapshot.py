@@ -8,7 +8,10 @@ snapshot of a run equals its ports.csv; before that they count from the ports' c
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field
+
+from fabric_emu.cc.deadlock import Buffer, cycle_bytes, cycles, egresses, wait_for_graph
 
 PRIORITIES = (0, 3, 6)
 LOSSLESS = 3
@@ -57,6 +60,36 @@ class QpSample:
 
 
 @dataclass
+class DeadlockCycle:
+    """A PFC deadlock seen now (fabric_emu.cc.deadlock): lossless buffers X.in(Y), each waiting
+    on the next, the last on the first, through egresses their next pauses."""
+
+    members: list[str]  # "r1.in(r4)", in the cycle's order, starting at its smallest
+    edge_bytes: list[int]  # bytes members[i] holds for (and waits on) members[i+1], the last for the first
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(self.edge_bytes)
+
+    @property
+    def text(self) -> str:
+        return " -> ".join(self.members)
+
+    def egresses(self) -> list[tuple[str, str]]:
+        """The paused egresses (switch, peer) the cycle runs through, one per member."""
+        return egresses([Buffer.parse(m) for m in self.members])
+
+
+def deadlock_cycles(held: Mapping[tuple[str, str, str], int], paused: Collection[tuple[str, str]],
+                    switches: Collection[str]) -> list[DeadlockCycle]:
+    """The cycles of the wait-for graph now (held and paused as fabric_emu.cc.deadlock has them)."""
+    if not paused:
+        return []
+    g = wait_for_graph(held, paused, switches)
+    return [DeadlockCycle([str(b) for b in c], list(cycle_bytes(g, c))) for c in cycles(g)]
+
+
+@dataclass
 class Snapshot:
     run_id: str
     experiment: str
@@ -71,6 +104,7 @@ class Snapshot:
     fidelity: dict = field(default_factory=dict)  # cpu_busy, cpu_saturated, ovs_thread_busy, ...
     baseline: bool = False  # counters count from traffic start (True) or from port creation
     notes: list[str] = field(default_factory=list)  # what could not be read this time
+    deadlocks: list[DeadlockCycle] = field(default_factory=list)  # PFC deadlock cycles now
 
     @property
     def emulated_s(self) -> float:
@@ -98,7 +132,8 @@ class Snapshot:
                                 "paused": {int(k): v for k, v in p["paused"].items()}})
                  for p in d.pop("ports")]
         qps = [QpSample(**q) for q in d.pop("qps", [])]
-        return cls(ports=ports, qps=qps, **d)
+        deadlocks = [DeadlockCycle(**c) for c in d.pop("deadlocks", [])]
+        return cls(ports=ports, qps=qps, deadlocks=deadlocks, **d)
 
 
 @dataclass(frozen=True)
@@ -160,6 +195,13 @@ def storm_summary(snap: Snapshot) -> StormSummary:
     return StormSummary([p.intf for p in ports if p.stormed], sum(p.storms_detected for p in ports),
                         sum(p.storms_restored for p in ports),
                         sorted({p.peer for p in ports if p.peer_storming}))
+
+
+def deadlocked_ports(snap: Snapshot) -> set[str]:
+    """Interfaces whose paused egress is on a deadlock cycle now: the port of switch X toward Z
+    for every member Z.in(X)."""
+    on = {e for c in snap.deadlocks for e in c.egresses()}
+    return {p.intf for p in snap.ports if (p.switch, p.peer) in on}
 
 
 def totals(snap: Snapshot) -> dict[str, int]:

@@ -14,8 +14,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from fabric_emu.live.snapshot import (LOSSLESS, PortSample, Snapshot, StormSummary, busiest_qps, port_rates, qp_gbps,
-                                      storm_summary, totals)
+from fabric_emu.live.snapshot import (LOSSLESS, DeadlockCycle, PortSample, Snapshot, StormSummary, busiest_qps,
+                                      deadlocked_ports, port_rates, qp_gbps, storm_summary, totals)
 
 TOP_QPS = 10
 PLAIN_WIDTH = 160
@@ -43,10 +43,11 @@ def header(snap: Snapshot) -> Text:
     return t
 
 
-def _pfc_cell(p: PortSample) -> str:
+def _pfc_cell(p: PortSample, deadlocked: bool = False) -> str:
     """PAUSED while PFC holds the RoCE class; STORMED while the watchdog holds it (then its
-    pauses may be ignored: both can show)."""
-    marks = (["[red]PAUSED[/]"] if p.paused.get(LOSSLESS) else []) + (["[bold magenta]STORMED[/]"] if p.stormed else [])
+    pauses may be ignored: both can show); DEADLOCK while its paused egress is on a cycle."""
+    marks = ((["[red]PAUSED[/]"] if p.paused.get(LOSSLESS) else []) + (["[bold magenta]STORMED[/]"] if p.stormed else [])
+             + (["[bold red]DEADLOCK[/]"] if deadlocked else []))
     return " ".join(marks)
 
 
@@ -71,6 +72,12 @@ def storm_line(s: StormSummary) -> str:
     return "; ".join(parts)
 
 
+def deadlock_line(c: DeadlockCycle) -> str:
+    """A footer line per cycle now, e.g. "DEADLOCK  r1.in(r4) -> r2.in(r1) -> r3.in(r2) ->
+    r4.in(r3)  (4 buffers, 399.0 KB held)"."""
+    return f"DEADLOCK  {c.text}  ({_plural(len(c.members), 'buffer')}, {_fmt_bytes(c.held_bytes)} held)"
+
+
 def render(prev: Snapshot | None, cur: Snapshot, max_ports: int | None = None) -> Group:
     rates = port_rates(prev, cur) if prev is not None else {}
     ports = Table(title="switch ports" + ("" if cur.baseline else " (counting from port creation)"),
@@ -79,8 +86,9 @@ def render(prev: Snapshot | None, cur: Snapshot, max_ports: int | None = None) -
                 "RoCE queue", "ECN marks", "PFC", "pauses to/from peer"):
         ports.add_column(col, justify="left" if col in ("switch", "peer", "PFC") else "right")
     shown = cur.ports
-    if max_ports is not None:  # stormed ones, then the busiest, when they do not all fit (a stormed port may send nothing)
-        shown = sorted(cur.ports, key=lambda p: (not (p.stormed or p.peer_storming),
+    locked = deadlocked_ports(cur)
+    if max_ports is not None:  # stormed and deadlocked ones, then the busiest, when they do not all fit (they may send nothing)
+        shown = sorted(cur.ports, key=lambda p: (not (p.stormed or p.peer_storming or p.intf in locked),
                                                  -(rates[p.intf].tx_gbps if p.intf in rates else 0)))[:max_ports]
     for p in shown:
         r = rates.get(p.intf)
@@ -89,7 +97,7 @@ def render(prev: Snapshot | None, cur: Snapshot, max_ports: int | None = None) -
             f"{r.tx_gbps:6.1f}" if r else "-", f"{r.tx_util:4.0%}" if r else "-",
             f"{r.rx_gbps:6.1f}" if r else "-", f"{p.get('tx_bytes'):,}", f"{p.get('drops'):,}",
             _fmt_bytes(p.queue_bytes.get(LOSSLESS, 0)), f"{p.get('ecn_marked'):,}",
-            _pfc_cell(p),
+            _pfc_cell(p, p.intf in locked),
             f"{p.get('pause_tx_p3')}/{p.get('pause_rx_p3')}")
     qps = Table(title=f"busiest queue pairs (of {len(cur.qps)})", title_justify="left")
     for col in ("host", "qpn", "dst", "udp src", "Gb/s", "DCQCN limit", "sent", "CNPs rx", "CE at dst", "retx"):
@@ -105,16 +113,19 @@ def render(prev: Snapshot | None, cur: Snapshot, max_ports: int | None = None) -
                 f" ({to_nics:,} of them to NICs)", style="dim")
     storms = storm_summary(cur)
     storm = [Text(storm_line(storms), style="bold magenta")] if storms else []  # only once something stormed
+    deadlocks = [Text(deadlock_line(c), style="bold red") for c in cur.deadlocks]
     notes = [Text(n, style="yellow") for n in cur.notes]
-    return Group(header(cur), ports, qps, foot, *storm, *notes)
+    return Group(header(cur), ports, qps, foot, *storm, *deadlocks, *notes)
 
 
 def json_view(prev: Snapshot | None, cur: Snapshot) -> dict:
     """What --json prints: the snapshot (each port's stormed, storms_detected, storms_restored,
-    peer_storming among its fields), its port rates, the watchdog and NIC storms summed as the
-    footer has them, and its busiest QPs (modelled Gb/s)."""
+    peer_storming among its fields; deadlocks: the cycles now, members and edge_bytes), its port
+    rates, the watchdog and NIC storms summed as the footer has them, the interfaces on a
+    deadlock cycle (deadlocked_ports) and its busiest QPs (modelled Gb/s)."""
     rates = port_rates(prev, cur) if prev is not None else {}
     return {**cur.to_dict(), "rates": {k: asdict(v) for k, v in rates.items()}, "storms": asdict(storm_summary(cur)),
+            "deadlocked_ports": sorted(deadlocked_ports(cur)),
             "busiest_qps": [{**asdict(q), "gbps": qp_gbps(q, cur.dilation)} for q in busiest_qps(cur, TOP_QPS)]}
 
 
