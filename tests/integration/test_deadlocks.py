@@ -82,3 +82,42 @@ def test_the_watchdog_breaks_it_and_it_forms_again(tmp_path_factory):
     assert wd["storms_detected"] >= 2 and wd["tx_dropped_packets"] > 0
     assert any(e.get("label") == "deadlock member" for e in wd["episodes"])
     assert sum(f["bytes_received"] for f in s["flows"]) > 4 * 1_000_000  # it moved again
+
+
+BOUNCE = ("leaf1.in(spine3) -> spine2.in(leaf1) -> leaf4.in(spine2) -> spine1.in(leaf4) -> "
+          "leaf3.in(spine1) -> spine3.in(leaf3)")
+
+
+def test_local_reroute_bounces_flows_into_a_six_buffer_deadlock(tmp_path_factory):
+    run, r = run_shipped(tmp_path_factory, "deadlock-bounce", "timeout=10s")
+    s = read_json(run / "summary.json")
+    dl = s["deadlocks"]
+    assert [p["cycle"] for p in dl["persistent"]] == [BOUNCE] and dl["deadlocked_at_end"], dl
+    assert dl["persistent"][0]["length"] == 6
+    # the switches detoured on their own, as their ports went down
+    assert [f["mode"] for f in s["failover"]] == ["local"] * 3 and all(f["rerouted"] for f in s["failover"])
+    assert s["switch"]["lossless_drops"] == 0
+
+
+def test_global_failover_reroutes_around_the_same_failures_without_a_cycle(tmp_path_factory):
+    run, r = run_shipped(tmp_path_factory, "deadlock-bounce", "failover=global", "timeout=60s")
+    s = read_json(run / "summary.json")
+    assert s["status"] == "ok", r.stdout[-2000:]
+    assert s["deadlocks"]["cycles_seen"] == 0
+    assert all(f["bytes_received"] == f["bytes_planned"] for f in s["flows"])
+    assert [f["mode"] for f in s["failover"]] == ["global"] * 3 and all(f["rerouted"] for f in s["failover"])
+
+
+@pytest.mark.parametrize("gbps, deadlock", [(1, False), (10, True)])
+def test_a_routing_loop_kills_packets_by_ttl_and_deadlocks_above_a_rate(tmp_path_factory, gbps, deadlock):
+    run, r = run_shipped(tmp_path_factory, "routing-loop", f"topology.host_link.gbps={gbps}", "timeout=8s")
+    s = read_json(run / "summary.json")
+    ports = read_csv(run / "ports.csv")
+    expired = sum(int(p["ttl_expired"]) for p in ports)
+    if deadlock:
+        assert s["deadlocks"]["deadlocked_at_end"], s["deadlocks"]
+        assert all(p["length"] == 2 for p in s["deadlocks"]["persistent"])  # a leaf and a spine
+    else:
+        # packets for the cut-off leaf died of old age, at the switches that saw them last
+        assert expired > 0 and s["deadlocks"]["persistent"] == [], (expired, s["deadlocks"])
+        assert s["switch"]["drops"] >= expired
