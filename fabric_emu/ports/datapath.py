@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import struct
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -71,6 +72,10 @@ class PortMaps:
         t = self.table
         out = {f"{name}_p{p}": t.get(port_id, name, p) for name in PER_PRIO_COUNTERS for p in range(NPRIO)}
         out.update({name: t.get(port_id, name) for name in PORT_COUNTERS})
+        now = time.monotonic_ns()  # the PFC daemon's clock: a pause still running counts so far
+        for p in range(NPRIO):
+            if since := t.get(port_id, "paused_since", p):
+                out[f"paused_ns_p{p}"] += max(0, now - since)
         return out
 
     def pairs(self) -> dict[tuple[int, int], int]:

@@ -142,6 +142,21 @@ def _storm_rows(s: dict) -> list[Row]:
             rows.append(("PFC watchdog: queues stormed", ", ".join(wd["queues_stormed"]), ""))
             rows.append(("PFC watchdog: packets dropped out / in",
                          f"{wd['tx_dropped_packets']:,} / {wd['rx_dropped_packets']:,}", ""))
+    rows += _deadlock_rows(s)
+    return rows
+
+
+def _deadlock_rows(s: dict) -> list[Row]:
+    """Persistent PFC deadlock cycles (docs/pfc-deadlocks.md): each cycle, how often it formed,
+    when first, and whether the run ended in it."""
+    rows: list[Row] = []
+    dl = s.get("deadlocks") or {}
+    for p in dl.get("persistent") or []:
+        first = p["first_formed_s"] * 1e6
+        fate = "never broke" if p["unbroken_at_end"] else f"formed {p['formations']}x"
+        if p.get("period_s"):
+            fate += f", every {p['period_s'] * 1e6:,.0f} us"
+        rows.append((f"PFC deadlock: {p['length']}-buffer cycle", f"at {first:,.0f} us, {fate}", ""))
     return rows
 
 
