@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional
+from typing import Literal, Optional, Union
 
-from pydantic import BeforeValidator, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from fabric_emu.spec.errors import problem_at
 from fabric_emu.spec.events import BackgroundSpec, CaptureSpec, EventSpec
@@ -12,7 +12,7 @@ from fabric_emu.spec.fields import NAME_HELP, NAME_RE, Seconds, Strict
 from fabric_emu.spec.lb import IMPLEMENTED_LB, DlbSpec, SpraySpec
 from fabric_emu.spec.lossless import EcnSpec, PfcSpec, resolve_thresholds
 from fabric_emu.spec.pfcwd import PfcwdSpec
-from fabric_emu.spec.routing import FailoverSpec, PathSpec, failover_shorthand
+from fabric_emu.spec.routing import FailoverSpec, PathSpec
 from fabric_emu.spec.topology import Topology
 from fabric_emu.spec.transport import DcqcnSpec, TransportSpec
 from fabric_emu.spec.workloads import JobWorkload, Workload
@@ -51,7 +51,7 @@ class ExperimentSpec(Strict):
     dlb: DlbSpec = Field(default=DlbSpec(), description="flowlet switching (load_balancing: dlb)")
     paths: list[PathSpec] = Field(default_factory=list, max_length=256,
                                   description="routes pinned for host pairs (their RoCE traffic takes exactly these switches)")
-    failover: Annotated[FailoverSpec, BeforeValidator(failover_shorthand)] = Field(
+    failover: Union[FailoverSpec, Literal["global", "local"]] = Field(
         default=FailoverSpec(), description="global | local, or {mode, convergence}: how switches route around a failed link")
     events: list[EventSpec] = Field(default_factory=list, max_length=1000,
                                     description="changes during the run, at modelled times from the start of traffic")
@@ -59,6 +59,11 @@ class ExperimentSpec(Strict):
         default="auto", description="Open vSwitch's datapath for the switches: kernel (openvswitch.ko, "
                                     "forwarding in softirq), userspace (ovs-vswitchd's thread) or auto (the "
                                     "kernel's when the openvswitch module is loaded or loads, else userspace)")
+
+    @field_validator("failover", mode="after")
+    @classmethod
+    def _failover_mapping(cls, v: FailoverSpec | str) -> FailoverSpec:
+        return FailoverSpec(mode=v) if isinstance(v, str) else v  # `failover: local` is {mode: local}
 
     @field_validator("load_balancing")
     @classmethod

@@ -41,7 +41,3 @@ class FailoverSpec(Strict):
         default=0.001, description="local: the modelled time after a link change at which the "
         "controller recomputes every switch (never: switches keep their detours)")
 
-
-def failover_shorthand(v: object) -> object:
-    """`failover: local` is short for `failover: {mode: local}`."""
-    return {"mode": v} if isinstance(v, str) else v
