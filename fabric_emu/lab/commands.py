@@ -243,6 +243,7 @@ SET_ELSEWHERE = {"topology": "the fabric is built: leave the lab and start it wi
                  "spray": "the fabric is built with it: start the lab with --set",
                  "dlb": "the fabric is built with it: start the lab with --set",
                  "paths": "the fabric is routed with them: leave the lab and start it with --set",
+                 "failover": "the fabric is routed with it: leave the lab and start it with --set",
                  "capture": "the lab does not capture (use tcpdump on a node)", "pfcwd": "use pfcwd start|stop", "name": "the lab's experiment keeps its name"}
 
 

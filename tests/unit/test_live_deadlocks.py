@@ -219,3 +219,8 @@ def test_deadlocks_last_sums_up_the_last_run():
     assert "no deadlock formed" in _printed(views.print_deadlocks_last, "ccw", {"deadlocks": {
         **SUMMARY, "formations": 0, "cycles_seen": 0, "persistent": []}})
     assert "no run yet" in _printed(views.print_deadlocks_last, None, None)
+
+
+def test_failover_cannot_change_with_the_fabric_up():
+    with pytest.raises(c.LabInputError, match="failover: the fabric is routed with it"):
+        c.parse_set(["failover=local"])
