@@ -25,6 +25,13 @@ def _job_rows(j: dict, d: float) -> list[Row]:
     if "busbw_fraction" in j:
         rows.append((f"{name}: busbw", f"{j['busbw_gbps']:.1f} Gb/s ({j['busbw_fraction']:.3f} of link)",
                      f"{j['busbw_gbps'] / d * 1e3:.1f} Mb/s"))
+    if j["type"] == "parameter-server" and "step_time_fabric_s" in j:
+        rows += [(f"{name}: step time", f"{j['step_time_fabric_s'] * 1e6:,.0f} us",
+                  f"{j['step_time_fabric_s'] * d:.3f} s"),
+                 (f"{name}: algbw (S / step)", f"{j['algbw_gbps']:.1f} Gb/s", ""),
+                 (f"{name}: {len(j['workers'])} workers, servers {', '.join(j['servers'])}",
+                  f"{j['bytes_pushed'] / 1e6:,.1f} MB pushed, {j['bytes_pulled'] / 1e6:,.1f} MB pulled", "")]
+        return rows
     if "step_time_fabric_s" in j:
         split = ", ".join(f"{k} {v * 1e6:,.0f}" for k, v in j["split_fabric_s"].items())
         rows += [(f"{name}: step time", f"{j['step_time_fabric_s'] * 1e6:,.0f} us",

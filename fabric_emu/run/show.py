@@ -230,7 +230,12 @@ def print_jobs(out: Console, plan: FabricPlan, exp: ExperimentSpec, ranks: list[
         sent = sum(o.nbytes for o in program.ops if o.job == j.name and o.kind == "send")
         across = sum(o.nbytes for o in program.ops if o.job == j.name and o.kind == "send"
                      and leaf_of[program.channels[o.channel].src] != leaf_of[program.channels[o.channel].dst])
-        if j.grid is None:
+        if j.roles is not None:
+            workers, servers = j.roles
+            what = (f"{w.type} ({w.mode}, staleness {w.staleness_bound}): {len(workers)} workers push "
+                    f"{format_size(w.size)} to {len(servers)} server(s) ({', '.join(servers)}) and pull it "
+                    f"back, {w.iterations} step(s)")
+        elif j.grid is None:
             what = f"{w.type}/{w.algorithm} of {format_size(w.size)} x {w.iterations} over {len(j.hosts)} ranks"
         else:
             dims = (f"tp {w.tp} x pp {w.pp} x dp {w.dp}, placement "

@@ -1,4 +1,4 @@
-"""Workload models: collectives, pipeline and 3D-parallel training, incast and flows."""
+"""Workload models: collectives, pipeline and 3D-parallel training, parameter servers, incast and flows."""
 
 from __future__ import annotations
 
@@ -123,6 +123,68 @@ class TrainingWorkload(_Passes):
         return self
 
 
+class ParameterServerWorkload(Strict):
+    """Parameter-server training: workers push each step's gradients to the servers (each holds
+    one shard of the parameters) and pull the updated shard back, sync or async with a staleness
+    bound (fabric_emu.workloads.parameter_server)."""
+
+    type: Literal["parameter-server"] = Field(description="the workload's type")
+    name: Optional[JobName] = Field(default=None, description="the job's name in results (workloads lists)")
+    size: Bytes = Field(gt=0, le=100 * 10**9,
+                        description="the model's gradient bytes per worker per step (an all-reduce's S); "
+                                    "each server holds size / servers of them")
+    servers: Union[int, list[HostName]] = Field(
+        default=1, description="host names, or a count: that many hosts from the end of the host list "
+                               "(not counting listed workers)")
+    workers: Union[Literal["all"], list[HostName]] = Field(
+        default="all", description="'all' (every host that is not a server) or host names")
+    iterations: int = Field(default=1, ge=1, le=1000, description="training steps")
+    mode: Literal["sync", "async"] = Field(
+        default="sync", description="sync: a server answers a step's pulls once every worker pushed it; "
+                                    "async: it answers each push as it arrives, within `staleness`")
+    staleness: Optional[int] = Field(
+        default=None, ge=0, le=1000,
+        description="async: how many steps a worker may run ahead of the slowest worker's push the "
+                    "servers have applied (default 1; 0 is sync)")
+    compute: Seconds = Field(default=0.0, ge=0, le=10,
+                             description="modelled compute per step per worker, before its push")
+    qps_per_peer: int = Field(default=1, ge=1, le=64,
+                              description="queue pairs between a worker and a server, each way")
+
+    @field_validator("servers")
+    @classmethod
+    def _servers_fit(cls, v):
+        if isinstance(v, int):
+            if v < 1:
+                raise ValueError(f"needs at least 1 server, got {v}")
+            return v
+        return _distinct_hosts(v, least=1)
+
+    @field_validator("workers")
+    @classmethod
+    def _workers_distinct(cls, v):
+        return _distinct_hosts(v, least=1) if isinstance(v, list) else v
+
+    @model_validator(mode="after")
+    def _roles_fit(self):
+        if isinstance(self.servers, list) and isinstance(self.workers, list):
+            both = [h for h in self.workers if h in self.servers]
+            if both:
+                raise problem_at("ParameterServerWorkload", ("workers", self.workers.index(both[0])),
+                                 f"{both[0]} is also a server; a host is a worker or a server", both[0])
+        if self.mode == "sync" and self.staleness:
+            raise problem_at("ParameterServerWorkload", ("staleness",),
+                             "applies to mode: async (sync has staleness 0)", self.staleness)
+        return self
+
+    @property
+    def staleness_bound(self) -> int:
+        """Steps a worker may run ahead of the slowest applied push: 0 in sync mode."""
+        if self.mode == "sync":
+            return 0
+        return 1 if self.staleness is None else self.staleness
+
+
 class IncastWorkload(Strict):
     """Every sender writes `size` bytes to one receiver, `iterations` times.
 
@@ -216,9 +278,9 @@ class FlowsWorkload(Strict):
 
 
 WORKLOAD_TYPES = ("allreduce", "incast", "flows", "reducescatter", "allgather", "alltoall", "sendrecv",
-                  "pipeline", "training")
+                  "pipeline", "training", "parameter-server")
 Workload = Annotated[Union[AllReduceWorkload, CollectiveWorkload, IncastWorkload, FlowsWorkload,
-                           PipelineWorkload, TrainingWorkload], Field(discriminator="type")]
+                           PipelineWorkload, TrainingWorkload, ParameterServerWorkload], Field(discriminator="type")]
 # Workloads that run as per-rank programs (fabric_emu.workloads.program); only these go in `workloads`.
-JobWorkload = Annotated[Union[AllReduceWorkload, CollectiveWorkload, PipelineWorkload, TrainingWorkload],
-                        Field(discriminator="type")]
+JobWorkload = Annotated[Union[AllReduceWorkload, CollectiveWorkload, PipelineWorkload, TrainingWorkload,
+                              ParameterServerWorkload], Field(discriminator="type")]

@@ -5,11 +5,12 @@ What every job run as a Program has in common; each kind builds and measures its
     spec --resolve_jobs--> [Job: ranks placed] --build_program--> Program --> NIC engines
         collectives:          collective_program, collective_results (fabric_emu.workloads.collectives)
         pipeline, training:   training_program, step_results         (fabric_emu.workloads.training)
+        parameter-server:     job_program, ps_results                (fabric_emu.workloads.parameter_server)
     engines' [start, end] per op --op_times--> Times --job_results--> summary.json's `jobs`
 
 Jobs: the collectives (allreduce by halving-doubling, reducescatter, allgather, alltoall,
-sendrecv), pipelines and 3D-parallel training steps, alone (`workload`) or several at once
-(`workloads`; a ring all-reduce there too). A single ring all-reduce, incast or flows workload
+sendrecv), pipelines, 3D-parallel training steps and parameter-server training, alone
+(`workload`) or several at once (`workloads`; a ring all-reduce there too). A single ring all-reduce, incast or flows workload
 keeps its own driver (fabric_emu.nic.drivers.ring, flows).
 
 A job's results: its planned bytes, completion time and step bounds here, then its kind's
@@ -21,12 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fabric_emu.spec.experiment import ExperimentSpec
-from fabric_emu.spec.workloads import AllReduceWorkload, CollectiveWorkload, PipelineWorkload, TrainingWorkload
+from fabric_emu.spec.workloads import (AllReduceWorkload, CollectiveWorkload, ParameterServerWorkload,
+                                       PipelineWorkload, TrainingWorkload)
 from fabric_emu.topo.plan import FabricPlan, resolve_ranks
-from fabric_emu.workloads import collectives, training
+from fabric_emu.workloads import collectives, parameter_server, training
 from fabric_emu.workloads.program import COMPUTE, Program, Times
 
-PROGRAM_TYPES = ("reducescatter", "allgather", "alltoall", "sendrecv", "pipeline", "training")
+PROGRAM_TYPES = ("reducescatter", "allgather", "alltoall", "sendrecv", "pipeline", "training", "parameter-server")
 
 
 class JobError(ValueError):
@@ -40,10 +42,11 @@ class JobError(ValueError):
 @dataclass
 class Job:
     name: str
-    workload: AllReduceWorkload | CollectiveWorkload | PipelineWorkload | TrainingWorkload
+    workload: AllReduceWorkload | CollectiveWorkload | PipelineWorkload | TrainingWorkload | ParameterServerWorkload
     field: str  # where the spec gives it: workload, or workloads.<i>
-    hosts: list[str]  # in rank order (for a grid: d, s, t with t fastest)
+    hosts: list[str]  # in rank order (for a grid: d, s, t with t fastest; workers, then servers)
     grid: training.Grid | None = None  # pipelines and training
+    roles: tuple[list[str], list[str]] | None = None  # parameter-server: (workers, servers)
 
     @property
     def type(self) -> str:
@@ -99,6 +102,18 @@ def _resolve(name: str, w, field: str, plan: FabricPlan) -> Job:
             raise JobError(f"{field}.size", f"{w.size} B is smaller than ranks x qps_per_peer "
                                             f"({n * w.qps_per_peer}); every queue pair needs a byte per step")
         return Job(name, w, field, hosts)
+    if isinstance(w, ParameterServerWorkload):
+        for role in ("servers", "workers"):
+            if isinstance(getattr(w, role), list):
+                _known(plan, f"{field}.{role}", getattr(w, role))
+        try:
+            workers, servers = parameter_server.roles(w, [h.name for h in plan.hosts])
+        except ValueError as e:
+            raise JobError(f"{field}.servers", str(e)) from None
+        if w.size < len(servers) * w.qps_per_peer:
+            raise JobError(f"{field}.size", f"{w.size} B is smaller than servers x qps_per_peer "
+                                            f"({len(servers) * w.qps_per_peer}); every queue pair needs a byte")
+        return Job(name, w, field, workers + servers, roles=(workers, servers))
     if isinstance(w, PipelineWorkload):
         hosts = [h for stage in w.stages for h in stage]
         _known(plan, f"{field}.stages", hosts)
@@ -120,6 +135,8 @@ def build_program(jobs: list[Job]) -> Program:
         if isinstance(w, (AllReduceWorkload, CollectiveWorkload)):
             collectives.collective_program(job.name, w.type, w.algorithm, job.hosts, w.size, w.iterations,
                                            w.qps_per_peer, p)
+        elif isinstance(w, ParameterServerWorkload):
+            parameter_server.job_program(job.name, w, *job.roles, p)
         else:
             training.training_program(job.name, w, job.grid, p)
     p.check()
@@ -193,6 +210,8 @@ def job_results(job: Job, p: Program, times: Times, dilation: float, host_gbps: 
     if isinstance(w, (AllReduceWorkload, CollectiveWorkload)):
         out.update(collectives.collective_results(w.type, w.algorithm, w.size, len(job.hosts), bounds,
                                                   dilation, host_gbps))
+    elif isinstance(w, ParameterServerWorkload):
+        out.update(parameter_server.ps_results(job.name, w, *job.roles, p, times, dilation))
     else:
         out.update(training.step_results(job.name, w, job.grid, p, times, bounds, dilation))
     return out
