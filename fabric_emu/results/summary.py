@@ -10,6 +10,7 @@ the configuration echoed back.
 from __future__ import annotations
 
 from fabric_emu.kernel.ovs_datapath import datapath_fields
+from fabric_emu.results.deadline import deadline_report
 from fabric_emu.results.jobs import jobs_section, ring_section
 from fabric_emu.results.pfcwd import drops_counted_off_the_switches, label_storm_episodes, pfcwd_section
 from fabric_emu.results.routing import routing_section
@@ -19,7 +20,10 @@ from fabric_emu.results.trust import trust_section
 from fabric_emu.spec.experiment import ExperimentSpec
 from fabric_emu.spec.workloads import AllReduceWorkload
 from fabric_emu.topo.plan import FabricPlan
+from fabric_emu.workloads import jobs
+from fabric_emu.workloads.flows import planned_bytes
 from fabric_emu.workloads.jobs import uses_program
+from fabric_emu.workloads.program import RECV
 
 
 def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traffic: dict,
@@ -37,8 +41,15 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
     deadlocks = traffic.get("deadlocks")  # fabric_emu.cc.deadlock.DeadlockTracker, with PFC on
     if deadlocks is not None:
         label_storm_episodes(pfcwd, deadlocks.episodes, plan)
+    deadline = None
+    if state["status"] != "ok" and not state.get("error"):  # cut short by the deadline?
+        deadline = deadline_section(spec, plan, ranks, agents,
+                                    deadlocks is not None and deadlocks.summary()["deadlocked_at_end"])
+        if deadline is not None:
+            state = {**state, "error": deadline["message"]}
     return {
         **run_section(spec, plan, ranks, state),
+        **({"deadline": deadline} if deadline is not None else {}),
         **workload_results(spec, plan, ranks, agents, traffic.get("alone") or {}),
         **({"background": traffic["background"]} if traffic.get("background") else {}),
         **transport,
@@ -72,6 +83,23 @@ def run_section(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], state:
     if state.get("error"):
         out["error"] = state["error"]
     return out
+
+
+def deadline_section(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], agents: dict[str, dict],
+                     deadlocked_at_end: bool) -> dict | None:
+    """summary.json's `deadline` (and its error line) when the deadline cut the run short:
+    whether flows were still progressing, and what to set (results.deadline)."""
+    if spec.timeout is None:
+        return None
+    if uses_program(spec):
+        program = jobs.build_program(jobs.resolve_jobs(spec, plan))
+        planned = sum(o.nbytes for o in program.ops if o.kind == RECV)
+    else:
+        planned = planned_bytes(spec.workload, ranks, [h.name for h in plan.hosts])
+    return deadline_report(agents, timeout_s=spec.timeout, dilation=plan.dilation,
+                           retransmit_timeout_s=spec.transport.retransmit_timeout,
+                           lossy=not spec.pfc.enabled, planned_bytes=planned,
+                           deadlocked_at_end=deadlocked_at_end)
 
 
 def workload_results(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], agents: dict[str, dict],

@@ -9,16 +9,13 @@ from pathlib import Path
 from fabric_emu.kernel import ovs_datapath
 from fabric_emu.kernel.ovs_datapath import DatapathUnavailable
 from fabric_emu.cc.pfc import MAX_QUANTA, REFRESH_FRACTION, pause_seconds
+from fabric_emu.run.deadline import default_timeout_s, losses_possible
 from fabric_emu.spec.errors import SpecError
 from fabric_emu.spec.experiment import ExperimentSpec
 from fabric_emu.spec.load import load_experiment
 from fabric_emu.topo.plan import build_plan, resolve_ranks
 from fabric_emu.workloads import jobs
 from fabric_emu.workloads.flows import agent_hosts, unknown_hosts, workload_flows, workload_line_rate_s
-
-# A stalled rank waits for the timeout, so the default scales with the workload instead of
-# being minutes long.
-DEFAULT_TIMEOUT_BASE_S = 30.0
 
 
 def load_checked(path: Path, sets: list[str], measure: bool = False,
@@ -101,7 +98,7 @@ def check_spec(spec: ExperimentSpec, path: str, measure: bool = False,
             line_rate_s = jobs.line_rate_s(program, plan.host_rate_bps(ranks[0]), plan.dilation)
         else:
             line_rate_s = workload_line_rate_s(w, ranks, names, plan.host_rate_bps(ranks[0]), plan.dilation)
-        spec = spec.model_copy(update={"timeout": DEFAULT_TIMEOUT_BASE_S + 10 * line_rate_s})
+        spec = spec.model_copy(update={"timeout": default_timeout(spec, plan, line_rate_s, plan.host_rate_bps(ranks[0]))})
     if spec.capture is not None:
         ports = {p.intf for sw in plan.switches for p in plan.ports(sw.name)}
         for i, name in enumerate(spec.capture.ports):
@@ -109,6 +106,17 @@ def check_spec(spec: ExperimentSpec, path: str, measure: bool = False,
                 raise SpecError([(str(path), f"capture.ports.{i}",
                                   f"no switch port {name!r} in this fabric (see fabric-emu show)")])
     return spec, plan, ranks
+
+
+def default_timeout(spec: ExperimentSpec, plan, line_rate_s: float, rate_bps: float) -> float:
+    """The default deadline (fabric_emu.run.deadline): 30 s + 10x the line-rate time (wall
+    seconds), and when packets can be lost, time for retransmission timeouts; the bottleneck's
+    bytes are those of the line-rate time (the busiest host link's) at the host rate."""
+    t = spec.transport
+    return default_timeout_s(line_rate_s, plan.dilation,
+                             lossy=losses_possible(spec.pfc.enabled, spec.pfcwd.enabled, spec.pfcwd.action),
+                             bottleneck_bytes=round(line_rate_s * rate_bps / 8), port_buffer=plan.port_buffer,
+                             retransmit_timeout_s=t.retransmit_timeout, retry_limit=t.retry_limit)
 
 
 def check_paths(spec: ExperimentSpec, plan, path: str) -> None:

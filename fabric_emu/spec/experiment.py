@@ -38,7 +38,8 @@ class ExperimentSpec(Strict):
                       description="queue pair numbers, hence UDP source ports, hence ECMP paths")
     timeout: Optional[Seconds] = Field(
         default=None, gt=0, le=86400,
-        description="wall-clock limit of the traffic phase (default: 30 s + 10x its time at line rate)")
+        description="wall-clock limit of the traffic phase (default: 30 s + 10x its time at line rate, "
+                    "+ retransmission timeouts when packets can be lost: docs/experiments.md)")
     capture: Optional[CaptureSpec] = Field(default=None, description="pcap of switch ports into the results")
     ecn: EcnSpec = Field(default=EcnSpec(), description="RED/ECN marking of RoCE at switch egress")
     pfc: PfcSpec = Field(default=PfcSpec(), description="PFC on the lossless priority")

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fabric_emu.run.prepare import DEFAULT_TIMEOUT_BASE_S, load_checked
+from fabric_emu.run.deadline import DEFAULT_TIMEOUT_BASE_S
+from fabric_emu.run.prepare import load_checked
 from fabric_emu.spec.errors import SpecError
 from fabric_emu.spec.load import load_experiment
 
