@@ -265,7 +265,7 @@ class FabricApp(app_manager.OSKenApp):
                 "uplinks": uplinks, "load_interval_s": LOAD_POLL_S, "changes": self.changes,
                 "links_down": sorted("-".join(sorted(link)) for link in self.core.down),
                 "link_changes": self.link_changes, "dlb": self._dlb_state(),
-                "failover": self.core.failover, "ttl_expired": self.ttl_expired()}
+                "failover": self.core.failover}
 
     def set_mode(self, mode: str, params: dict) -> dict:
         """Replace the mode's flows on every leaf; return once every leaf has answered a

@@ -2,6 +2,8 @@
 
     GET  /lb   -> 200 {"mode", "modes", "spray_entropies", "uplinks": {leaf: {spine: {...}}},
                        "changes": [...]}
+    GET  /lb?ttl_expired  -> the same and "ttl_expired": {switch: {port: packets}}, asked of
+                             every switch now (OpenFlow round trips: only when asked)
     PUT  /lb   {"mode": "spray", "params": {...}}  -> 200 {"mode", "applied_s", ...}
                                                     -> 400 bad request, 409 not possible now
 
@@ -25,6 +27,8 @@ MAX_BODY = 64 * 1024
 class LiveControl(Protocol):
     def state(self) -> dict: ...
 
+    def ttl_expired(self) -> dict: ...
+
     def set_mode(self, mode: str, params: dict) -> dict:
         """Apply; the result to report. ValueError: bad input; Conflict: not possible now."""
         ...
@@ -45,6 +49,8 @@ def make_app(control: LiveControl) -> Callable[[dict, StartResponse], Iterable[b
         if path.rstrip("/") != "/lb":
             return _reply(start, "404 Not Found", {"error": f"no resource {path}; try /lb"})
         if method == "GET":
+            if "ttl_expired" in environ.get("QUERY_STRING", "").split("&"):
+                return _reply(start, "200 OK", {**control.state(), "ttl_expired": control.ttl_expired()})
             return _reply(start, "200 OK", control.state())
         if method not in ("PUT", "POST"):
             return _reply(start, "405 Method Not Allowed", {"error": "GET or PUT /lb"})

@@ -73,6 +73,19 @@ def egresses(members: Sequence[Buffer]) -> list[tuple[str, str]]:
     return [(b.upstream, b.switch) for b in members[1:]] + [(members[0].upstream, members[0].switch)]
 
 
+def waits_from_pairs(pairs: Mapping[tuple[int, int], int], names: Mapping[int, tuple[str, str]],
+                     paused_ids: Collection[int]) -> tuple[dict[tuple[str, str, str], int], set[tuple[str, str]]]:
+    """wait_for_graph's (held, paused) from the port program's pair map (lossless bytes per
+    (ingress port id, egress port id)): names gives each switch port id its (switch, peer);
+    paused_ids the ports whose lossless egress is paused now."""
+    held: dict[tuple[str, str, str], int] = {}
+    for (i, o), n in pairs.items():
+        a, b = names.get(i), names.get(o)
+        if a is not None and b is not None and a[0] == b[0]:
+            held[(a[0], a[1], b[1])] = held.get((a[0], a[1], b[1]), 0) + n
+    return held, {names[i] for i in paused_ids if i in names}
+
+
 def wait_for_graph(held: Mapping[tuple[str, str, str], int], paused: Collection[tuple[str, str]],
                    switches: Collection[str]) -> nx.DiGraph:
     """The wait-for graph of one sample.

@@ -151,7 +151,7 @@ class EventRunner:
         """The controller's load-balancing state now (every change, scheduled or made with
         `fabric-emu lb`); None if it cannot be read."""
         try:
-            state = rest_call(self.url, timeout=2.0)
+            state = rest_call(f"{self.url}?ttl_expired", timeout=3.0)
         except RestError:
             return None
         return {"mode": state.get("mode"), "changes": state.get("changes", []),

@@ -22,6 +22,7 @@ from fabric_emu.measure import counters
 from fabric_emu.measure.counters import PortCounters
 from fabric_emu.measure.fidelity import CPU_SATURATED, _cpu_times
 from fabric_emu.live.manifest import LiveManifest, LivePort
+from fabric_emu.cc.deadlock import waits_from_pairs
 from fabric_emu.live.snapshot import LOSSLESS, PRIORITIES, DeadlockCycle, PortSample, QpSample, Snapshot, deadlock_cycles
 from fabric_emu.ports import queues
 from fabric_emu.ports.layout import PortTable
@@ -74,14 +75,8 @@ def waits_of(pairs: dict[tuple[int, int], int], ports: list[LivePort],
     per (ingress port id, egress port id), PortMaps.pairs) and the ports' pause state, named by
     the manifest's ports as LosslessPorts.waits_now names them: held[(X, Y, Z)] bytes switch X
     holds from neighbour Y for neighbour Z; paused {(X, Z)}: X's egress toward Z is paused."""
-    by_id = {lp.id: lp for lp in ports}
-    held: dict[tuple[str, str, str], int] = {}
-    for (i, o), n in pairs.items():
-        a, b = by_id.get(i), by_id.get(o)
-        if a is not None and b is not None and a.switch == b.switch:
-            held[(a.switch, a.peer, b.peer)] = held.get((a.switch, a.peer, b.peer), 0) + n
-    stopped = {(lp.switch, lp.peer) for lp in ports if paused.get(lp.intf, {}).get(LOSSLESS)}
-    return held, stopped
+    return waits_from_pairs(pairs, {lp.id: (lp.switch, lp.peer) for lp in ports},
+                            {lp.id for lp in ports if paused.get(lp.intf, {}).get(LOSSLESS)})
 
 
 def deadlocks_now(maps, ports: list[LivePort], paused: dict[str, dict[int, bool]]) -> list[DeadlockCycle]:

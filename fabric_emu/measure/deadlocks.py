@@ -14,8 +14,8 @@ Waits = tuple[dict[tuple[str, str, str], int], set[tuple[str, str]]]
 
 
 class DeadlockSampler(Sampler):
-    """Keeps (monotonic time, held, paused) at every tick; nothing but the time while nothing is
-    paused (there can be no cycle then)."""
+    """Keeps (monotonic time, held, paused) at every tick (held is empty while nothing is
+    paused: there can be no cycle then)."""
 
     def __init__(self, waits: Callable[[], Waits], interval_s: float = 0.1) -> None:
         self.waits = waits
@@ -26,7 +26,7 @@ class DeadlockSampler(Sampler):
         while True:
             yield
             held, paused = self.waits()
-            self.samples.append((time.monotonic(), held if paused else {}, paused))
+            self.samples.append((time.monotonic(), held, paused))
 
 
 def track(samples: list[tuple[float, dict, set]], go_monotonic: float, dilation: float,

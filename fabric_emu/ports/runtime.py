@@ -16,12 +16,15 @@ import sys
 import threading
 import time
 from dataclasses import replace
+from functools import cached_property
 from pathlib import Path
 
+from fabric_emu.cc.deadlock import waits_from_pairs
 from fabric_emu.ports import datapath
 from fabric_emu.ports.layout import NPRIO, PORT_ECN, PORT_PFC
 from fabric_emu.ports.model import PortPlan, PortSettings, bpf_config, nic_receive_config
 from fabric_emu.ports.pfcd import Config, DaemonPort
+from fabric_emu.ports.queues import LOSSLESS
 from fabric_emu.state.records import RunRecord
 
 READY_TIMEOUT_S = 20.0
@@ -232,15 +235,16 @@ class LosslessPorts:
         and the egresses (X, Z) that Z is pausing now."""
         assert self.maps is not None
         t = self.maps.table
-        peer = {e.id: e.node for e in self.ports.ends}  # id -> node; an end's peer is peer[peer_id]
-        ends = {e.id: e for e in self.ports.ends}
-        held = {}
-        for (i, o), n in self.maps.pairs().items():
-            if i in ends and o in ends:
-                held[(ends[i].node, peer[ends[i].peer_id], peer[ends[o].peer_id])] = n
-        paused = {(e.node, peer[e.peer_id]) for e in self.ports.ends
-                  if e.role == "switch" and t.get(e.id, "paused_since", 3)}
-        return held, paused
+        names = self._switch_port_names
+        paused = [i for i in names if t.get(i, "paused_since", LOSSLESS)]
+        # Without a pause there is no wait: the pair map (a bpf(2) call per pair) is left alone.
+        return waits_from_pairs(self.maps.pairs() if paused else {}, names, paused)
+
+    @cached_property
+    def _switch_port_names(self) -> dict[int, tuple[str, str]]:
+        """Each switch port's id -> (its switch, the node at its far end)."""
+        node = {e.id: e.node for e in self.ports.ends}
+        return {e.id: (e.node, node[e.peer_id]) for e in self.ports.ends if e.role == "switch"}
 
     def paused_now(self) -> dict[str, bool]:
         """Whether each port's lossless class is paused at this instant (for samplers)."""

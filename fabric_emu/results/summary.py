@@ -39,6 +39,7 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
     unexplained = transport.get("transport", {}).get("unexplained_loss_packets", 0)
     pfcwd = pfcwd_section(daemon, traffic.get("go_monotonic", 0.0), plan.dilation, traffic.get("traffic_fabric_s"))
     deadlocks = traffic.get("deadlocks")  # fabric_emu.cc.deadlock.DeadlockTracker, with PFC on
+    deadlock_summary = deadlocks.summary() if deadlocks is not None else None
     if deadlocks is not None:
         label_storm_episodes(pfcwd, deadlocks.episodes, plan)
     deadline = None
@@ -58,9 +59,10 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
         **routing_section(traffic.get("events") or [], traffic.get("lb") or {}, plan.dilation),
         **({"pfc_reaction": reaction} if reaction else {}),
         **pfcwd,
-        **({"deadlocks": deadlocks.summary()} if deadlocks is not None else {}),
+        **({"deadlocks": deadlock_summary} if deadlock_summary is not None else {}),
         **trust_section(spec, traffic.get("cpu") or {}, agents, ports, traffic.get("events") or [], daemon,
-                        reaction, unexplained, deadlocked=deadlocks is not None and deadlocks.summary()["deadlocked_at_end"]),
+                        reaction, unexplained,
+                        deadlocked=bool(deadlock_summary and deadlock_summary["deadlocked_at_end"])),
         **({"dilation_auto": plan.extra["dilation_auto"]} if "dilation_auto" in plan.extra else {}),
     }
 

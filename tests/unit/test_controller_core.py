@@ -59,14 +59,15 @@ def _out_ports(msgs: list, pkt: dict) -> list[int]:
     return [a.port for a in actions if isinstance(a, Output)]
 
 
-def _paths(plan: FabricPlan, core: FabricCore, src: Host, dst: Host) -> list[list[str]]:
-    """Every node sequence a UDP packet from src to dst can take, over every bucket choice."""
+def _paths(plan: FabricPlan, core: FabricCore, src: Host, dst: Host, longest: int = 5) -> list[list[str]]:
+    """Every node sequence a UDP packet from src to dst can take, over every bucket choice; a
+    longer one (`longest` nodes, hosts included) fails as a loop or a detour."""
     msgs = {s.name: core.switch_up(s.dpid) for s in plan.switches}
     pkt = {"eth_type": 0x0800, "ipv4_src": src.ip, "ipv4_dst": dst.ip, "ip_proto": 17}
     done, walking = [], [[src.name, src.leaf]]
     while walking:
         path = walking.pop()
-        assert len(path) <= 5, f"loop or detour: {path}"
+        assert len(path) <= longest, f"loop or detour: {path}"
         ports = {p.port: p.peer for p in plan.ports(path[-1])}
         for out in _out_ports(msgs[path[-1]], pkt):
             nxt = path + [ports[out]]

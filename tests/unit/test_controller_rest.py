@@ -17,6 +17,10 @@ class FakeControl:
     def state(self) -> dict:
         return {"mode": self.mode}
 
+    def ttl_expired(self) -> dict:
+        self.calls.append("ttl_expired")
+        return {"spine1": {"2": 7}}
+
     def set_mode(self, mode: str, params: dict) -> dict:
         self.calls.append((mode, params))
         if mode == "nope":
@@ -27,9 +31,9 @@ class FakeControl:
         return {"mode": mode, "applied_s": 0.001}
 
 
-def call(app, method: str, path: str = "/lb", body: bytes | None = None) -> tuple[str, dict]:
+def call(app, method: str, path: str = "/lb", body: bytes | None = None, query: str = "") -> tuple[str, dict]:
     got = {}
-    environ = {"REQUEST_METHOD": method, "PATH_INFO": path,
+    environ = {"REQUEST_METHOD": method, "PATH_INFO": path, "QUERY_STRING": query,
                "CONTENT_LENGTH": str(len(body)) if body is not None else "",
                "wsgi.input": io.BytesIO(body or b"")}
     out = b"".join(app(environ, lambda status, headers: got.update(status=status)))
@@ -43,6 +47,13 @@ def control():
 
 def test_get_returns_the_state(control):
     assert call(make_app(control), "GET") == ("200 OK", {"mode": "ecmp"})
+
+
+def test_ttl_counts_are_asked_of_the_switches_only_when_wanted(control):
+    assert call(make_app(control), "GET") == ("200 OK", {"mode": "ecmp"}) and control.calls == []
+    assert call(make_app(control), "GET", query="ttl_expired") == (
+        "200 OK", {"mode": "ecmp", "ttl_expired": {"spine1": {"2": 7}}})
+    assert control.calls == ["ttl_expired"]
 
 
 def test_put_changes_the_mode(control):

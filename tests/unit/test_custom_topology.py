@@ -23,7 +23,7 @@ from fabric_emu.spec.load import load_experiment, load_topology
 from fabric_emu.spec.topology import MAX_LINK_ENDS, SWITCH_PORT_RE, CustomSpec
 from fabric_emu.topo.plan import FabricPlan, Host, build_plan
 from tests.unit.test_cli_input_errors import fabric_emu
-from tests.unit.test_controller_core import _out_ports
+from tests.unit.test_controller_core import _paths
 
 REPO = Path(__file__).resolve().parents[2]
 RING4 = REPO / "topologies" / "ring4.yaml"
@@ -147,17 +147,9 @@ def test_longest_names_fit_linux():
 
 # --------------------------------------------------------------------------- the controller
 def _walk(plan: FabricPlan, core: FabricCore, src: Host, dst: Host) -> list[list[str]]:
-    """Every node sequence a UDP packet from src to dst can take, over every bucket choice."""
-    msgs = {s.name: core.switch_up(s.dpid) for s in plan.switches}
-    pkt = {"eth_type": 0x0800, "ipv4_src": src.ip, "ipv4_dst": dst.ip, "ip_proto": 17}
-    done, walking = [], [[src.name, src.leaf]]
-    while walking:
-        path = walking.pop()
-        assert len(path) <= len(plan.switches) + 2, f"loop: {path}"
-        ports = {x.port: x.peer for x in plan.ports(path[-1])}
-        for out in _out_ports(msgs[path[-1]], pkt):
-            (done if ports[out] in plan.host_by_name else walking).append(path + [ports[out]])
-    return done
+    """Every node sequence a UDP packet from src to dst can take (a custom fabric's paths may
+    cross every switch)."""
+    return _paths(plan, core, src, dst, longest=len(plan.switches) + 2)
 
 
 @pytest.mark.parametrize("make", [ring4, lambda: custom(*FIGURE)], ids=["ring4", "figure"])
