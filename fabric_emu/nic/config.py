@@ -105,6 +105,7 @@ class ProgramChannel(_Frozen):
     src: str
     dst: str
     qps: int = Field(default=1, ge=1)
+    via: Literal["fabric", "scale-up"] = "fabric"  # scale-up: modelled in the server, no packets
 
 
 class ProgramOp(_Frozen):

@@ -43,7 +43,7 @@ def program_configs(spec: ExperimentSpec, plan: FabricPlan) -> dict[str, Program
 def host_programs(program: Program, dilation: float) -> dict[str, ProgramConfig]:
     """Each host's ops as its NIC engine takes them: dependencies as indices into the host's
     own ops, compute times x dilation; every host gets every channel (the QP table)."""
-    channels = tuple(ProgramChannel(src=c.src, dst=c.dst, qps=c.qps) for c in program.channels)
+    channels = tuple(ProgramChannel(src=c.src, dst=c.dst, qps=c.qps, via=c.via) for c in program.channels)
     out = {}
     for h in program.hosts:
         ops = program.host_ops(h)

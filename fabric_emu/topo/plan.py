@@ -110,6 +110,17 @@ class Port:
     emulated_bps: float
 
 
+@dataclass(frozen=True)
+class Server:
+    """A multi-GPU server: its GPUs' NICs (hosts, GPU 0 first) share a scale-up domain
+    (NVLink/NVSwitch-class) whose transfers the NIC engines model instead of sending packets."""
+
+    name: str  # srv1, srv2, ...
+    hosts: tuple[str, ...]  # one per GPU, in GPU order
+    gbps: float  # scale-up bandwidth per GPU and direction, modelled
+    latency_s: float  # one transfer's start-up latency, modelled
+
+
 @dataclass
 class FabricPlan:
     name: str
@@ -122,6 +133,7 @@ class FabricPlan:
     links: list[Link]
     subnet: str = "10.0.0.0/16"
     extra: dict = field(default_factory=dict)
+    servers: list[Server] = field(default_factory=list)  # empty: every host is a server of its own
 
     # ------------------------------------------------------------------ lookups
     @cached_property
@@ -131,6 +143,16 @@ class FabricPlan:
     @cached_property
     def host_by_name(self) -> dict[str, Host]:
         return {h.name: h for h in self.hosts}
+
+    @cached_property
+    def server_of(self) -> dict[str, Server]:
+        """The server of each host that has one (hosts of single-NIC fabrics have none)."""
+        return {h: srv for srv in self.servers for h in srv.hosts}
+
+    def same_server(self, a: str, b: str) -> bool:
+        """Whether two hosts are GPUs of one server (so a transfer between them is scale-up)."""
+        srv = self.server_of.get(a)
+        return srv is not None and b in srv.hosts
 
     @property
     def spines(self) -> list[Switch]:
@@ -231,6 +253,7 @@ class FabricPlan:
             "switches": [asdict(s) for s in self.switches],
             "hosts": [asdict(h) for h in self.hosts],
             "links": [asdict(ln) for ln in self.links],
+            "servers": [asdict(srv) for srv in self.servers],
         }
 
     def to_json(self) -> str:
@@ -244,6 +267,7 @@ class FabricPlan:
             switches=[Switch(**s) for s in d["switches"]],
             hosts=[Host(**h) for h in d["hosts"]],
             links=[Link(**ln) for ln in d["links"]],
+            servers=[Server(**{**srv, "hosts": tuple(srv["hosts"])}) for srv in d.get("servers", [])],
         )
 
 

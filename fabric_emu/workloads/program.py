@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 SEND, RECV, COMPUTE = "send", "recv", "compute"
+FABRIC, SCALE_UP = "fabric", "scale-up"  # a channel's path
 # What an operation's time counts as in a step's split (fabric_emu.workloads.training.step_split).
 COMPUTE_CAT, SYNC_CAT = "compute", "sync"
 
@@ -36,6 +37,7 @@ class Channel:
     src: str
     dst: str
     qps: int = 1
+    via: str = FABRIC  # FABRIC: RoCE packets through the switches; SCALE_UP: modelled inside a server
 
 
 @dataclass
@@ -57,18 +59,18 @@ class Op:
 class Program:
     channels: list[Channel] = field(default_factory=list)
     ops: list[Op] = field(default_factory=list)
-    _chan_index: dict[tuple[str, str, str, str], int] = field(default_factory=dict, repr=False)
+    _chan_index: dict[tuple[str, str, str, str, str], int] = field(default_factory=dict, repr=False)
     _sent: list[int] = field(default_factory=list, repr=False)  # messages per channel so far
 
     # ------------------------------------------------------------------ building
-    def channel(self, job: str, stream: str, src: str, dst: str, qps: int = 1) -> int:
+    def channel(self, job: str, stream: str, src: str, dst: str, qps: int = 1, via: str = FABRIC) -> int:
         if src == dst:
             raise ValueError(f"{job}: a channel from {src} to itself")
-        key = (job, stream, src, dst)
+        key = (job, stream, src, dst, via)
         c = self._chan_index.get(key)
         if c is None:
             c = self._chan_index[key] = len(self.channels)
-            self.channels.append(Channel(job, stream, src, dst, qps))
+            self.channels.append(Channel(job, stream, src, dst, qps, via))
             self._sent.append(0)
         return c
 
@@ -92,11 +94,12 @@ class Program:
 
     def transfer(self, job: str, stream: str, src: str, dst: str, nbytes: int,
                  deps: Iterable[int] = (), cat: str | None = None, step: int = 0,
-                 qps: int = 1) -> tuple[int, int]:
-        """One message from src to dst after deps (ops of src): (its send op, its recv op)."""
+                 qps: int = 1, via: str = FABRIC) -> tuple[int, int]:
+        """One message from src to dst after deps (ops of src): (its send op, its recv op).
+        `via` SCALE_UP: across the server's scale-up domain (both GPUs of one server)."""
         if nbytes < 0:
             raise ValueError(f"message size must be >= 0, got {nbytes}")
-        c = self.channel(job, stream, src, dst, qps)
+        c = self.channel(job, stream, src, dst, qps, via)
         seq = self._sent[c]
         self._sent[c] += 1
         cat = cat or stream
