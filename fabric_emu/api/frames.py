@@ -80,6 +80,7 @@ FLOWS = [
     Column("rx_duplicates", "int", "packets", "duplicates received"),
     Column("rx_out_of_sequence", "int", "packets", "out of sequence received"),
     Column("rx_out_of_order", "int", "packets", "out of order received"),
+    Column("rx_reordered", "int", "", "NAKed gaps a late packet filled (single-path modes)"),
     Column("rx_ecn_ce", "int", "packets", "received with ECN CE"),
     Column("retransmitted", "int", "packets", "RC retransmissions"),
     Column("naks", "int", "", "NAKs received"),

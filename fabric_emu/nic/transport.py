@@ -367,10 +367,18 @@ class Responder(_Acking):
         self.expected_psn = start_psn & PSN_MASK
         self.msn = 0  # completed messages, 24 bits (AETH MSN)
         self._nak_sent = False  # in a sequence-error episode, its one NAK already sent
+        # The last packet accepted ended a sequence-error episode: if the next one is again out
+        # of sequence, or a copy of it, the gap was filled by a late packet, not by the resend.
+        self._filled_gap = False
+        self._naked_psn = -1  # the PSN the last NAK asked for; a second copy of it means it was late
+        self._ahead_max = self.expected_psn  # the highest PSN that arrived ahead of a gap
         self._unacked = 0  # packets accepted since the last ACK (or NAK, which also acks)
         self._open = False  # a message's FIRST was accepted and its LAST not yet
         self.packets = self.bytes = self.messages = 0
         self.duplicates = self.out_of_sequence = self.opcode_errors = 0
+        # Sequence errors a late packet filled (reordering, not loss). Exact when only data is
+        # lost; a timeout that resends a NAKed packet already delivered also counts (lost ACKs).
+        self.reordered = 0
         self.acks_sent = self.naks_sent = 0
 
     def on_packet(self, opcode: int, psn: int, data_len: int,
@@ -380,18 +388,32 @@ class Responder(_Acking):
             d = 0
         else:
             d = psn_diff(psn, self.expected_psn)
-        if d > 0:  # ahead: packets were lost; discard, NAK once per episode
+        if d > 0:  # ahead: packets were lost (or are late); discard, NAK once per episode
             self.out_of_sequence += 1
+            # After a late fill the original stream goes on beyond every PSN seen; after a fill
+            # by the resend, the next gap is a resend lost again (a PSN seen before).
+            new = psn_diff(psn, self._ahead_max) > 0
+            if new:
+                self._ahead_max = psn
             if self._nak_sent:
                 return None
+            # A gap right after a late fill is its consequence (the packets that overtook the
+            # late one were discarded): counted there, so its resends are not counted again.
+            self._naked_psn = -1 if new and self._late_fill() else self.expected_psn
             self._nak_sent = True
             self._unacked = 0
             self.naks_sent += 1
             return NAK_SEQ, self.expected_psn
         if d < 0:  # behind: a retransmission of something already accepted
             self.duplicates += 1
+            if psn == self._naked_psn:  # the resend filled the gap and then the original came
+                self.reordered += 1
+                self._naked_psn = -1
+            elif psn_diff(psn, self.expected_psn) == -1:
+                self._late_fill()
             return self._ack(self.expected_psn - 1) if ackreq else None
         self.expected_psn = (psn + 1) & PSN_MASK
+        self._filled_gap = self._nak_sent  # two stores, no branch: this is the per-packet path
         self._nak_sent = False
         self.packets += 1
         self.bytes += data_len
@@ -400,6 +422,19 @@ class Responder(_Acking):
         if ackreq or self._unacked >= self.ack_every:
             return self._ack(psn)
         return None
+
+    def _late_fill(self) -> bool:
+        """Called on a sequence error or a copy of the last packet accepted: if that packet had
+        just filled a NAKed gap, it was the late original, not the resend (a resend is followed
+        by the rest of the resend, in order), so count one reordering. The other way a late
+        packet shows: it comes after the resend, as a copy of the NAKed PSN (on_packet).
+        A loss is neither: its gap is filled once, by the resend."""
+        if not self._filled_gap:
+            return False
+        self.reordered += 1
+        self._filled_gap = False
+        self._naked_psn = -1
+        return True
 
     def on_run(self, psn: int, count: int, data_bytes: int) -> tuple[int, int] | None:
         """Process `count` WRITE MIDDLE packets with consecutive PSNs from psn, none asking for
@@ -412,6 +447,11 @@ class Responder(_Acking):
         if d < 0:  # starts with duplicates (a go-back-N resend); the rest may be new
             dup = min(count, -d)
             self.duplicates += dup
+            if self._naked_psn >= 0 and 0 <= psn_diff(self._naked_psn, psn) < dup:
+                self.reordered += 1
+                self._naked_psn = -1
+            elif -d <= count:  # the run holds a copy of the last packet accepted
+                self._late_fill()
             if dup == count:
                 return None
             per = data_bytes // count
@@ -421,6 +461,7 @@ class Responder(_Acking):
             self.out_of_sequence += count - 1
             return reply
         self.expected_psn = (psn + count) & PSN_MASK
+        self._filled_gap = self._nak_sent
         self._nak_sent = False
         self.packets += count
         self.bytes += data_bytes

@@ -94,6 +94,10 @@ def transport_totals(agents: dict[str, dict]) -> dict:
         # spraying: packets that arrived ahead of a gap and were placed by PSN (reordering, not
         # loss: they count as received, and nothing is resent for them)
         "out_of_order": sum(q.get("out_of_order", 0) for q in recv),
+        # single-path modes: NAKed gaps a late packet filled (each cost a go-back-N resend), and
+        # the flows (receive QPs) that had any
+        "reordered": sum(q.get("reordered", 0) for q in recv),
+        "reordered_flows": sum(1 for q in recv if q.get("reordered")),
         "acks_sent": sum(q.get("acks_sent", 0) for q in recv),
         "ecn_ce_received": sum(q.get("ecn_ce", 0) for q in recv),
         # DCQCN: CNPs the receivers sent for CE marks, CNPs the senders got, the QPs it slowed
@@ -236,6 +240,7 @@ def flow_rows(plan: FabricPlan, agents: dict[str, dict]) -> list[dict]:
                 "duration_s": (last - first) if first and last else None,
                 "rx_bytes": r.get("bytes"), "rx_duplicates": r.get("duplicates"),
                 "rx_out_of_sequence": r.get("out_of_sequence"), "rx_out_of_order": r.get("out_of_order"),
+                "rx_reordered": r.get("reordered"),
                 "rx_ecn_ce": r.get("ecn_ce"),
                 "retransmitted": q.get("retransmitted", 0), "naks": q.get("naks", 0),
                 "timeouts": q.get("timeouts", 0),

@@ -27,6 +27,9 @@ def trust_section(spec: ExperimentSpec, cpu: dict, agents: dict[str, dict], port
     # A link taken down loses what was on it, where no switch queue counts it: expected. A run
     # that ended deadlocked lost nothing: what was not delivered is held in the paused buffers.
     warnings = verdict(cpu, list(late.values()), 0 if links_failed or deadlocked else unexplained)
+    reorder = reordering_warning(spec.load_balancing, agents, links_failed)
+    if reorder and not links_failed:
+        warnings.append(reorder)
     if ports:
         ecn, pfc = settings_of(spec)
         warnings += lossless_warnings(ports, asdict(ecn), pfc, reaction)
@@ -41,12 +44,34 @@ def trust_section(spec: ExperimentSpec, cpu: dict, agents: dict[str, dict], port
     machine = {k: v for k, v in cpu.items() if k.startswith("cpu_")}
     if kd := cpu.get("kernel_datapath"):  # no forwarding thread: the busiest CPU's softirq share
         machine["kernel_datapath_softirq_max"] = kd.get("softirq_busiest_cpu_max")
+    notes = [note] if note else []
+    if reorder and links_failed:  # a rerouted flow may overtake itself: the fabric's doing
+        notes.append(reorder)
     out: dict = {"fidelity": {**machine, "nic_engine_late_wakes_max": max(late.values()) if late else None,
-                              "trusted": not warnings, "warnings": warnings,
-                              "notes": [note] if note else []}}
+                              "trusted": not warnings, "warnings": warnings, "notes": notes}}
     if cpu:
         out["cpu"] = cpu_section(cpu)
     return out
+
+
+def reordering_warning(load_balancing: str, agents: dict[str, dict], links_failed: bool) -> str | None:
+    """Packets of single-path flows (ECMP, DLB) that arrived out of order: the responder NAKs
+    the gap and go-back-N resends what it discarded, so each episode costs time the fabric
+    alone would not have spent. Spraying expects it (its receivers place packets by PSN).
+    A warning, but a note when links failed: a route that changes can reorder a flow in any
+    fabric."""
+    if load_balancing == "spray":
+        return None
+    per_flow = {(h, q.get("src"), q.get("qpn")): q.get("reordered", 0)
+                for h, a in agents.items() for q in a.get("recv_qps", []) if q.get("reordered")}
+    if not per_flow:
+        return None
+    why = {"ecmp": "a route changed under them (link events)" if links_failed else
+           "ECMP keeps a flow on one path, so the emulator reordered them",
+           "dlb": "a flowlet moved to a shorter queue before the previous one drained "
+           "(flowlet gap too short) or a route changed"}.get(load_balancing, "a route changed")
+    return (f"{sum(per_flow.values())} time(s) packets of {len(per_flow)} single-path flow(s) arrived out "
+            f"of order ({why}); each cost a go-back-N resend (flows.csv rx_reordered)")
 
 
 def engine_lateness(agents: dict[str, dict]) -> dict[int, float]:

@@ -26,7 +26,7 @@ from fabric_emu.spec.workloads import (AllReduceWorkload, CollectiveWorkload, Pa
                                        PipelineWorkload, TrainingWorkload)
 from fabric_emu.topo.plan import FabricPlan, resolve_ranks
 from fabric_emu.workloads import collectives, parameter_server, training
-from fabric_emu.workloads.program import COMPUTE, Program, Times
+from fabric_emu.workloads.program import COMPUTE, RECV, Program, Times
 
 PROGRAM_TYPES = ("reducescatter", "allgather", "alltoall", "sendrecv", "pipeline", "training", "parameter-server")
 
@@ -177,7 +177,9 @@ def op_times(p: Program, by_host: dict[str, list]) -> Times:
 
 
 def step_bounds(p: Program, times: Times, job: str) -> list[tuple[float, float]] | None:
-    """(start, end) of each step of a job: its first op's start to its last op's end."""
+    """(start, end) of each step of a job: its first send's or compute's start to its last op's
+    end. A recv has no dependencies, so it "starts" when the host does, whatever its step: it
+    would start every step at time 0."""
     steps: dict[int, list[float]] = {}
     for o in p.ops:
         if o.job != job:
@@ -185,8 +187,9 @@ def step_bounds(p: Program, times: Times, job: str) -> list[tuple[float, float]]
         t = times[o.id]
         if t is None:
             return None  # the job did not finish
-        b = steps.setdefault(o.step, [t[0], t[1]])
-        b[0], b[1] = min(b[0], t[0]), max(b[1], t[1])
+        start = t[1] if o.kind == RECV else t[0]  # a recv counts from its end: data arrived
+        b = steps.setdefault(o.step, [start, t[1]])
+        b[0], b[1] = min(b[0], start), max(b[1], t[1])
     return [(b[0], b[1]) for _, b in sorted(steps.items())]
 
 

@@ -174,3 +174,18 @@ def test_channel_messages_post_in_order_even_when_ready_out_of_order():
     assert t[s2][0] == 0.0 and t[s2][1] >= 5.0
     assert jobs.op_times(p, {h: r.op_log() for h, r in runners.items()})[p.ops[-1].id] is not None
     assert p.ops[-1].kind == RECV and p.ops[0].kind == COMPUTE
+
+
+def test_step_bounds_start_each_step_at_its_first_send_not_at_its_recvs():
+    """A recv waits from the host's start whatever its step: step 2 starts when step 2's
+    first send does, not at time 0."""
+    from fabric_emu.workloads.jobs import step_bounds
+    from fabric_emu.workloads.program import Program
+
+    p = Program()
+    s0, r0 = p.transfer("j", "ring", "a", "b", 100, step=0)
+    s1, r1 = p.transfer("j", "ring", "a", "b", 100, deps=[s0], step=1)
+    times = [None] * len(p.ops)
+    times[s0], times[r0] = (1.0, 2.0), (0.0, 2.5)
+    times[s1], times[r1] = (2.0, 3.0), (0.0, 3.5)
+    assert step_bounds(p, times, "j") == [(1.0, 2.5), (2.0, 3.5)]
