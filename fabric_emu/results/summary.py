@@ -58,6 +58,8 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
         **({"nic": traffic["nics"]} if traffic.get("nics") else {}),
         **routing_section(traffic.get("events") or [], traffic.get("lb") or {}, plan.dilation),
         **({"pfc_reaction": reaction} if reaction else {}),
+        # bytes per ingress port charged for frames OVS dropped, given back (fabric_emu.ports.leaks)
+        **({"lossless_leaks_credited": daemon["leaks_credited"]} if daemon.get("leaks_credited") else {}),
         **pfcwd,
         **({"deadlocks": deadlock_summary} if deadlock_summary is not None else {}),
         **trust_section(spec, traffic.get("cpu") or {}, agents, ports, traffic.get("events") or [], daemon,
