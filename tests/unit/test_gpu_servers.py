@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from fabric_emu.nic.scale_up import ScaleUpChannels
 from fabric_emu.run.prepare import load_checked
 from fabric_emu.spec.errors import SpecError
 from fabric_emu.spec.load import load_experiment
@@ -33,6 +34,11 @@ def rail(servers=2, nics=2, groups=1) -> FabricPlan:
 
 def domains(plan: FabricPlan, pxn: bool = True) -> Domains:
     return Domains({s.name: s.hosts for s in plan.servers}, pxn=pxn and plan.kind == "rail-optimized")
+
+
+def simulate(p: Program, plan: FabricPlan):
+    """The program on program_sim's fake wire (1 GB/s) with the engines' scale-up domains (36x)."""
+    return program_sim.run(p, servers=[ScaleUpChannels(s.name, s.hosts, 36e9, 1e-6) for s in plan.servers])
 
 
 # --------------------------------------------------------------------------- spec and plan
@@ -161,7 +167,7 @@ def test_pxn_keeps_each_pairs_messages_in_order_and_never_deadlocks():
     assert len(relays) == 6 * 2
     for c in relays:
         assert plan.host_by_name[c.src].leaf == plan.host_by_name[c.dst].leaf  # one rail
-    runners, _, _ = program_sim.run(p)
+    runners, _, _ = simulate(p, plan)
     assert all(r.finished for r in runners.values())
 
 
@@ -190,7 +196,7 @@ def test_hierarchical_allreduce_bytes(size):
     fabric = {(c.src, c.dst) for c in p.channels if c.via == FABRIC}
     assert ("h1", "h5") in fabric and ("h13", "h1") in fabric and not any(
         (int(a[1:]) - int(b[1:])) % 4 for a, b in fabric)
-    runners, _, _ = program_sim.run(p)
+    runners, _, _ = simulate(p, plan)
     assert all(r.finished for r in runners.values())
 
 
