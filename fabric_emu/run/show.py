@@ -229,7 +229,7 @@ def print_jobs(out: Console, plan: FabricPlan, exp: ExperimentSpec, ranks: list[
         w = j.workload
         sent = sum(o.nbytes for o in program.ops if o.job == j.name and o.kind == "send")
         across = sum(o.nbytes for o in program.ops if o.job == j.name and o.kind == "send"
-                     and leaf_of[program.channels[o.channel].src] != leaf_of[program.channels[o.channel].dst])
+                     and program.channels[o.channel].via == "fabric" and leaf_of[program.channels[o.channel].src] != leaf_of[program.channels[o.channel].dst])
         if j.roles is not None:
             workers, servers = j.roles
             what = (f"{w.type} ({w.mode}, staleness {w.staleness_bound}): {len(workers)} workers push "

@@ -26,7 +26,7 @@ from fabric_emu.spec.workloads import (AllReduceWorkload, CollectiveWorkload, Pa
                                        PipelineWorkload, TrainingWorkload)
 from fabric_emu.topo.plan import FabricPlan, resolve_ranks
 from fabric_emu.workloads import collectives, parameter_server, training
-from fabric_emu.workloads.program import COMPUTE, Program, Times
+from fabric_emu.workloads.program import COMPUTE, FABRIC, Program, Times
 
 PROGRAM_TYPES = ("reducescatter", "allgather", "alltoall", "sendrecv", "pipeline", "training", "parameter-server")
 
@@ -158,9 +158,16 @@ def line_rate_s(p: Program, rate_bps: float, dilation: float) -> float:
                for h in p.hosts)
 
 
+def fabric_bytes(p: Program) -> int:
+    """Bytes the program's receivers get over the fabric (what their NICs' QPs count): scale-up
+    transfers, modelled inside servers, left out."""
+    return sum(o.nbytes for o in p.ops if o.kind == "recv" and p.channels[o.channel].via == FABRIC)
+
+
 def pairs(p: Program) -> list[tuple[str, str]]:
-    """The (src, dst) of every channel: what the fabric carries, for load estimates."""
-    return [(c.src, c.dst) for c in p.channels]
+    """The (src, dst) of every fabric channel: what the fabric carries, for load estimates
+    (scale-up channels stay inside their server)."""
+    return [(c.src, c.dst) for c in p.channels if c.via == FABRIC]
 
 
 # --------------------------------------------------------------------------- results
@@ -197,7 +204,7 @@ def job_results(job: Job, p: Program, times: Times, dilation: float, host_gbps: 
     out: dict = {"name": job.name, "type": w.type, "ranks": len(job.hosts), "hosts": job.hosts}
     out["bytes_planned"] = sum(o.nbytes for o in p.ops if o.job == job.name and o.kind == "send")
     out["bytes_across_leaves_planned"] = sum(
-        o.nbytes for o in p.ops if o.job == job.name and o.kind == "send"
+        o.nbytes for o in p.ops if o.job == job.name and o.kind == "send" and p.channels[o.channel].via == FABRIC
         and leaf_of[p.channels[o.channel].src] != leaf_of[p.channels[o.channel].dst])
     bounds = step_bounds(p, times, job.name)
     if bounds is None:
