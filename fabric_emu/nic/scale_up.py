@@ -63,29 +63,37 @@ class ScaleUpDomain:
 
     def next_event(self) -> float | None:
         """When the next transfer begins moving or ends (rates change), if any is under way."""
+        return self._next()[0]
+
+    def _next(self) -> tuple[float | None, list[_Transfer]]:
+        """The next event's time and the moving transfers that end at it."""
         nxt = self._waiting[0].moves_at if self._waiting else None
+        ending: list[_Transfer] = []
         for m in self._moving:
             end = self._t + m.left / m.rate
             if nxt is None or end < nxt:
-                nxt = end
-        return nxt
+                nxt, ending = end, [m]
+            elif end == nxt:
+                ending.append(m)
+        return nxt, ending
 
     def advance(self, now: float) -> list[tuple[Hashable, float]]:
         """Move time to `now`: the (key, completion time) of each transfer that ended by then,
         in completion order."""
         done: list[tuple[Hashable, float]] = []
         while True:
-            te = self.next_event()
+            te, ending = self._next()
             if te is None or te > now:
                 break
             self._progress(te)
-            still = []
+            # Ended by their own end time, not by a residue test: at epoch-sized times a float
+            # step is ~0.2 us, so `left` may not reach zero exactly (and must not loop forever).
+            for m in ending:
+                m.left = 0.0
             for m in self._moving:
-                if m.left <= _EPS_BYTES or m.left <= m.rate * 1e-12:
+                if m.left <= _EPS_BYTES:
                     done.append((m.key, te))
-                else:
-                    still.append(m)
-            self._moving = still
+            self._moving = [m for m in self._moving if m.left > _EPS_BYTES]
             while self._waiting and self._waiting[0].moves_at <= te:
                 self._moving.append(self._waiting.pop(0))
             self._share()

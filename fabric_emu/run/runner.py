@@ -375,13 +375,12 @@ class Runner:
     def _progress(self, to_hosts: Callable[[], tuple[int, int]]) -> RunProgress:
         """The bar of a long run on a terminal (a no-op otherwise)."""
         from fabric_emu.workloads import jobs
-        from fabric_emu.workloads.program import RECV
 
         rate = self.plan.host_rate_bps(self.ranks[0])
         if jobs.uses_program(self.spec):
             program = jobs.build_program(jobs.resolve_jobs(self.spec, self.plan))
             line_rate_s = jobs.line_rate_s(program, rate, self.plan.dilation)
-            planned = sum(o.nbytes for o in program.ops if o.kind == RECV)
+            planned = jobs.fabric_bytes(program)  # what the NICs' receive QPs will count
         else:
             hosts = [h.name for h in self.plan.hosts]
             line_rate_s = workload_line_rate_s(self.spec.workload, self.ranks, hosts, rate, self.plan.dilation)

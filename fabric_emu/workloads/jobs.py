@@ -27,7 +27,7 @@ from fabric_emu.spec.workloads import (AllReduceWorkload, CollectiveWorkload, Pa
                                        PipelineWorkload, TrainingWorkload)
 from fabric_emu.topo.plan import FabricPlan, resolve_ranks
 from fabric_emu.workloads import collectives, parameter_server, training
-from fabric_emu.workloads.program import COMPUTE, SCALE_UP, Domains, Program, Times
+from fabric_emu.workloads.program import COMPUTE, FABRIC, SCALE_UP, Domains, Program, Times
 
 PROGRAM_TYPES = ("reducescatter", "allgather", "alltoall", "sendrecv", "pipeline", "training", "parameter-server")
 
@@ -179,6 +179,12 @@ def line_rate_s(p: Program, rate_bps: float, dilation: float) -> float:
             side[o.host] = side.get(o.host, 0) + o.nbytes
     return max(max(sent.get(h, 0), received.get(h, 0)) * 8 / rate_bps + compute.get(h, 0.0) * dilation
                for h in p.hosts)
+
+
+def fabric_bytes(p: Program) -> int:
+    """Bytes the program's receivers get over the fabric (what their NICs' QPs count): scale-up
+    transfers, modelled inside servers, left out."""
+    return sum(o.nbytes for o in p.ops if o.kind == "recv" and p.channels[o.channel].via == FABRIC)
 
 
 def pairs(p: Program) -> list[tuple[str, str]]:

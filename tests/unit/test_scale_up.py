@@ -19,14 +19,15 @@ RATE = 1e9  # bytes/s per GPU and direction
 LAT = 1e-3
 
 
-def run_all(d: ScaleUpDomain, now: float = 0.0) -> dict:
-    """Advance event by event until idle; the completion time of each transfer."""
+def run_all(d: ScaleUpDomain, late_s: float = 0.0) -> dict:
+    """Advance event by event (late_s after each is due, as an engine wakes) until idle; the
+    completion time of each transfer."""
     out = {}
     for _ in range(1000):
         t = d.next_event()
         if t is None:
             return out
-        out.update(d.advance(t))
+        out.update(d.advance(t + late_s))
     raise AssertionError("did not finish")
 
 
@@ -209,3 +210,82 @@ def test_engine_configs_keep_a_servers_gpus_together():
     # Without servers: round-robin, as before.
     lone = [agent(h, ProgramChannel(src="g0", dst="g1"), scale_up=None) for h in ("g0", "g1", "h2")]
     assert [[h.host for h in e.hosts] for e in engine_configs(lone, 1e-3, 2)] == [["g0", "h2"], ["g1"]]
+
+
+# ---------------------------------------------------------------- results and fidelity notes
+
+def test_results_count_scale_up_apart_and_note_it_was_modelled():
+    from fabric_emu.measure.fidelity import scale_up_note
+    from fabric_emu.results.table import summary_rows
+    from fabric_emu.results.transport import nic_rows, scale_up_totals, transport_totals
+    agents = {
+        "g0": {"send_qps": [], "recv_qps": [],
+               "scale_up": {"server": "srv1", "sent_bytes": 4096, "sent": 2, "received_bytes": 0, "received": 0}},
+        "g1": {"send_qps": [], "recv_qps": [],
+               "scale_up": {"server": "srv1", "sent_bytes": 0, "sent": 0, "received_bytes": 4096, "received": 2}},
+        "h2": {"send_qps": [], "recv_qps": []},
+    }
+    tr = {**transport_totals(agents), **scale_up_totals(agents)}
+    assert tr["scale_up_bytes"] == 4096 and tr["scale_up_transfers"] == 2 and tr["bytes_received"] == 0
+    rows = nic_rows(agents)
+    assert rows["g1"]["scale_up_bytes_received"] == 4096 and "scale_up_bytes_sent" not in rows["h2"]
+    note = scale_up_note(agents)
+    assert note is not None and "2 scale-up transfer(s)" in note and "4,096 bytes" in note and "modelled" in note
+    assert scale_up_note({"h2": agents["h2"]}) is None and scale_up_totals({"h2": agents["h2"]}) == {}
+    s = {"status": "ok", "workload": "x", "dilation": 1.0,
+         "transport": {**tr, "retransmitted_packets": 0, "naks": 0, "timeouts": 0}}
+    assert ("scale-up transfers / bytes (modelled)", "2 / 4,096", "") in summary_rows(s)
+
+
+def test_launch_refuses_scale_up_outside_a_server_and_configs_the_domain_in_emulated_units():
+    import dataclasses
+
+    from fabric_emu.nic.launch import check_scale_up, scale_up_config
+    from fabric_emu.spec.topology import TopologySpec
+    from fabric_emu.topo.plan import Server, build_plan
+    plan = build_plan(TopologySpec(name="t", kind="leaf-spine", spines=1, leaves=2, hosts_per_leaf=2,
+                                   dilation=100))
+    plan = dataclasses.replace(plan, servers=[Server("srv1", ("h1", "h2"), 800.0, 2e-6)])
+    ok = ProgramConfig(type="program", channels=(ProgramChannel(src="h1", dst="h2", via="scale-up"),), ops=())
+    check_scale_up(ok, plan)
+    bad = ProgramConfig(type="program", channels=(ProgramChannel(src="h1", dst="h3", via="scale-up"),), ops=())
+    with pytest.raises(ValueError, match="channel 0 .h1 -> h3. is scale-up, but h1 and h3 are not GPUs of one server"):
+        check_scale_up(bad, plan)
+    su = scale_up_config(plan, "h2")
+    assert su.rate_bps == pytest.approx(800e9 / 100) and su.latency_s == pytest.approx(2e-4)
+    assert scale_up_config(plan, "h3") is None
+
+
+@pytest.mark.parametrize("late_s", [0.0, 37e-6])
+@pytest.mark.parametrize("rate", [3.125e6, 1e9 / 3, 12.5e9 / 4000])
+def test_epoch_sized_times_end_every_transfer(rate, late_s):
+    # The engines' clock is epoch seconds (~1.8e9): a float step there is ~0.2 us, so bytes
+    # left after an event may not reach zero exactly; every transfer must still end, once.
+    d = ScaleUpDomain(rate, 5e-3)
+    t0 = 1796402249.114113
+    d.start("a", "g0", "g1", 2_000_003, t0)
+    d.start("b", "g0", "g1", 2_000_001, t0 + 1e-7)
+    d.start("c", "g1", "g0", 999_999, t0 + 3e-7)
+    done = run_all(d, late_s)  # an engine's wake-ups come late, and then this looped forever
+    assert set(done) == {"a", "b", "c"} and not d.busy
+    assert done["c"] - t0 == pytest.approx(999_999 / rate + 5e-3, rel=1e-4)
+    assert done["a"] - t0 == pytest.approx(2 * 2_000_003 / rate + 5e-3, rel=1e-4)
+
+
+def test_a_late_advance_at_epoch_times_does_not_loop():
+    # The case of a real run that spun forever before `advance` ended transfers by their own
+    # end time: 2 MB each way at 100 Gb/s / 4000, the engine waking 37 us late.
+    d = ScaleUpDomain(100e9 / 4000 / 8, 0.08)
+    t0 = 1796402336.737856
+    for k, (s, r) in enumerate([("h1", "h3"), ("h1", "h3"), ("h3", "h1")]):
+        d.start(k, s, r, 2_000_000, t0)
+    done = run_all(d, 37e-6)
+    assert done[2] - t0 == pytest.approx(0.72) and done[0] - t0 == pytest.approx(1.36)
+
+
+def test_fabric_figures_of_a_program_leave_scale_up_out():
+    from fabric_emu.workloads import jobs
+    p = Program()
+    p.transfer("j", "x", "g0", "g1", 5_000, via=SCALE_UP)
+    p.transfer("j", "y", "g0", "h2", 7_000)
+    assert jobs.fabric_bytes(p) == 7_000 and jobs.pairs(p) == [("g0", "h2")]
