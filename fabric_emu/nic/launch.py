@@ -22,7 +22,7 @@ from fabric_emu.workloads.flows import workload_flows
 from fabric_emu.lb import spray
 from fabric_emu.nic.config import (AgentConfig, DcqcnConfig, EngineConfig, FlowConfig, FlowsConfig,
                                      ProgramChannel, ProgramConfig, ProgramOp, RankInfo, RingConfig,
-                                     TransportConfig)
+                                     ScaleUpConfig, TransportConfig)
 from fabric_emu.spec.experiment import ExperimentSpec
 from fabric_emu.spec.workloads import AllReduceWorkload
 from fabric_emu.topo.plan import FabricPlan
@@ -65,11 +65,30 @@ def agent_workload(spec: ExperimentSpec, plan: FabricPlan) -> RingConfig | Flows
                    start_s=f.start_s * plan.dilation, gap_s=f.gap_s * plan.dilation) for f in flows))
 
 
+def check_scale_up(program: ProgramConfig, plan: FabricPlan) -> None:
+    """Refuse a scale-up channel whose ends are not GPUs of one server (ValueError, one line)."""
+    for i, c in enumerate(program.channels):
+        if c.via != "fabric" and not plan.same_server(c.src, c.dst):
+            raise ValueError(f"channel {i} ({c.src} -> {c.dst}) is scale-up, but {c.src} and {c.dst}"
+                             " are not GPUs of one server (plan.servers)")
+
+
+def scale_up_config(plan: FabricPlan, host: str) -> ScaleUpConfig | None:
+    """The host's server as its engine models it, in emulated units; None outside servers."""
+    srv = plan.server_of.get(host)
+    if srv is None:
+        return None
+    return ScaleUpConfig(server=srv.name, hosts=srv.hosts, rate_bps=srv.gbps * 1e9 / plan.dilation,
+                         latency_s=srv.latency_s * plan.dilation)
+
+
 def agent_configs(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], workdir: Path,
                   netns_of: Callable[[str], str | None] = lambda _h: None) -> list[AgentConfig]:
     infos = tuple(RankInfo(name=h, ip=plan.host_by_name[h].ip, index=i) for i, h in enumerate(ranks))
     if jobs.uses_program(spec):
         programs = program_configs(spec, plan)
+        if programs:
+            check_scale_up(next(iter(programs.values())), plan)  # every host has every channel
         workload_of = programs.__getitem__
     else:
         workload = agent_workload(spec, plan)
@@ -84,7 +103,7 @@ def agent_configs(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], work
             seed=spec.seed, stats_path=str(workdir / f"agent-{h}.json"), timeout_s=spec.timeout,
             dcqcn=dcqcn_config(spec, plan, h), transport=transport, netns=netns_of(h),
             ifname=plan.host_by_name[h].intf, link_mtu=plan.mtu,
-            spray_entropies=spray_entropies(spec, plan),
+            spray_entropies=spray_entropies(spec, plan), scale_up=scale_up_config(plan, h),
         )
         for i, h in enumerate(ranks)
     ]
@@ -124,9 +143,16 @@ def engine_count(hosts: int) -> int:
 
 
 def engine_configs(cfgs: list[AgentConfig], tick: float, engines: int) -> list[EngineConfig]:
-    """Hosts dealt round-robin over the engines (neighbours in a ring land on different ones)."""
-    return [EngineConfig(engine=e, tick_s=tick, hosts=tuple(cfgs[e::engines]))
-            for e in range(engines) if cfgs[e::engines]]
+    """Hosts dealt round-robin over the engines (neighbours in a ring land on different ones),
+    except that a server's GPUs go together to one engine, which models their scale-up domain:
+    each server (or lone host) goes, in rank order, to the engine serving fewest hosts so far."""
+    units: dict[str, list[AgentConfig]] = {}
+    for c in cfgs:
+        units.setdefault(c.scale_up.server if c.scale_up else f"host:{c.host}", []).append(c)
+    dealt: list[list[AgentConfig]] = [[] for _ in range(engines)]
+    for unit in units.values():
+        min(dealt, key=len).extend(unit)  # the first of the least loaded: round-robin for lone hosts
+    return [EngineConfig(engine=e, tick_s=tick, hosts=tuple(hs)) for e, hs in enumerate(dealt) if hs]
 
 
 def dcqcn_config(spec: ExperimentSpec, plan: FabricPlan, host: str) -> DcqcnConfig | None:
@@ -142,7 +168,8 @@ def unchecked_pairs(workload: RingConfig | FlowsConfig | ProgramConfig, ranks: l
     if isinstance(workload, RingConfig):
         return []
     ring = {(a, ranks[(i + 1) % len(ranks)]) for i, a in enumerate(ranks)}
-    ends = workload.channels if isinstance(workload, ProgramConfig) else workload.flows
+    ends = ([c for c in workload.channels if c.via == "fabric"] if isinstance(workload, ProgramConfig)
+            else workload.flows)
     return sorted({(f.src, f.dst) for f in ends} - ring)
 
 

@@ -23,7 +23,6 @@ from fabric_emu.topo.plan import FabricPlan
 from fabric_emu.workloads import jobs
 from fabric_emu.workloads.flows import planned_bytes
 from fabric_emu.workloads.jobs import uses_program
-from fabric_emu.workloads.program import RECV
 
 
 def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traffic: dict,
@@ -95,7 +94,7 @@ def deadline_section(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], a
         return None
     if uses_program(spec):
         program = jobs.build_program(jobs.resolve_jobs(spec, plan))
-        planned = sum(o.nbytes for o in program.ops if o.kind == RECV)
+        planned = jobs.fabric_bytes(program)  # as the NICs' receive QPs count
     else:
         planned = planned_bytes(spec.workload, ranks, [h.name for h in plan.hosts])
     return deadline_report(agents, timeout_s=spec.timeout, dilation=plan.dilation,

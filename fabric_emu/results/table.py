@@ -111,6 +111,9 @@ def summary_rows(s: dict) -> list[Row]:
         if tr["min_qp_rate_gbps"] is not None:
             add("DCQCN: QPs slowed, lowest rate",
                 f"{tr['qps_rate_limited']}, {tr['min_qp_rate_gbps']:.1f} Gb/s", "")
+        if "scale_up_bytes" in tr:  # inside servers: modelled, no packets (docs/scale-up.md)
+            add("scale-up transfers / bytes (modelled)",
+                f"{tr['scale_up_transfers']:,} / {tr['scale_up_bytes']:,}", "")
     fid = s.get("fidelity", {})
     if fid.get("cpu_busy_max") is not None:
         add("CPU busy (mean / max)", f"{fid['cpu_busy_mean']:.0%} / {fid['cpu_busy_max']:.0%}", "")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from fabric_emu.measure.counters import PortCounters
-from fabric_emu.measure.fidelity import verdict
+from fabric_emu.measure.fidelity import scale_up_note, verdict
 from fabric_emu.ports.model import settings_of
 from fabric_emu.results.switch import daemon_warnings, lossless_warnings
 from fabric_emu.spec.experiment import ExperimentSpec
@@ -41,10 +41,12 @@ def trust_section(spec: ExperimentSpec, cpu: dict, agents: dict[str, dict], port
     elif links_failed and unexplained:
         note = (f"{unexplained} packet(s) were lost where no switch counter saw them: on the "
                 "link(s) taken down, with what their queues held (RC resent them)")
+    notes = [note] if note else []
+    if su := scale_up_note(agents):
+        notes.append(su)
     machine = {k: v for k, v in cpu.items() if k.startswith("cpu_")}
     if kd := cpu.get("kernel_datapath"):  # no forwarding thread: the busiest CPU's softirq share
         machine["kernel_datapath_softirq_max"] = kd.get("softirq_busiest_cpu_max")
-    notes = [note] if note else []
     if reorder and links_failed:  # a rerouted flow may overtake itself: the fabric's doing
         notes.append(reorder)
     if leaks := daemon.get("leaks_credited"):

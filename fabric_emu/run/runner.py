@@ -353,7 +353,9 @@ class Runner:
         for job in jobs.resolve_jobs(self.spec, self.plan):
             spec = self.spec.model_copy(update={
                 "workloads": [job.workload.model_copy(update={"name": job.name})], "events": []})
-            ranks = [h.name for h in self.plan.hosts if h.name in set(job.hosts)]
+            program = jobs.build_program(jobs.resolve_jobs(spec, self.plan))
+            # the job's NICs, and PXN's relays (GPUs of its servers that forward its messages)
+            ranks = [h.name for h in self.plan.hosts if h.name in set(program.hosts)]
             sub = workdir / f"alone-{job.name}"
             sub.mkdir()
             self.say(f"job {job.name} alone first")
@@ -364,7 +366,6 @@ class Runner:
                                    on_go=background.start)
             finally:
                 background.stop()
-            program = jobs.build_program(jobs.resolve_jobs(spec, self.plan))
             times = jobs.op_times(program, {h: a.get("ops") or [] for h, a in stats.items()})
             bounds = jobs.step_bounds(program, times, job.name)
             if bounds is not None:
@@ -374,13 +375,12 @@ class Runner:
     def _progress(self, to_hosts: Callable[[], tuple[int, int]]) -> RunProgress:
         """The bar of a long run on a terminal (a no-op otherwise)."""
         from fabric_emu.workloads import jobs
-        from fabric_emu.workloads.program import RECV
 
         rate = self.plan.host_rate_bps(self.ranks[0])
         if jobs.uses_program(self.spec):
             program = jobs.build_program(jobs.resolve_jobs(self.spec, self.plan))
             line_rate_s = jobs.line_rate_s(program, rate, self.plan.dilation)
-            planned = sum(o.nbytes for o in program.ops if o.kind == RECV)
+            planned = jobs.fabric_bytes(program)  # what the NICs' receive QPs will count
         else:
             hosts = [h.name for h in self.plan.hosts]
             line_rate_s = workload_line_rate_s(self.spec.workload, self.ranks, hosts, rate, self.plan.dilation)

@@ -25,6 +25,8 @@ EXPECTED: dict[str, tuple[list[str], float]] = {
                   for mode in ("ecmp", "spray", "dlb")], 400),
     "program_driver": ([rf"ratio program/ring driver: NIC per packet {NUMBER}$"], 300),
     "versus": ([rf"ratios this/earlier: OVS per packet {NUMBER}, NIC per packet {NUMBER}$"], 300),
+    "versus --scale-up": ([rf"NIC CPU per fabric packet / earlier: this tree {NUMBER}, "
+                           rf"this tree \+ scale-up {NUMBER}$"], 400),
     # Here only the userspace datapath (no openvswitch module); the lab VM has both.
     "datapaths": ([rf"^quickstart: both, per switch packet \(us\) +{NUMBER}",
                    r"^lowest trusted quickstart dilation +(\d+|none)"], 300),
@@ -34,7 +36,8 @@ EXPECTED: dict[str, tuple[list[str], float]] = {
 @pytest.mark.parametrize("name", EXPECTED)
 def test_smoke_mode_prints_its_ratios(name: str):
     lines, timeout_s = EXPECTED[name]
-    done = run_benchmark(name, timeout_s)
+    bench, *options = name.split()  # "versus --scale-up": a benchmark and its options
+    done = run_benchmark(bench, timeout_s, *options)
     assert done.returncode == 0, done.stdout + done.stderr
     for line in lines:
         assert re.search(line, done.stdout, re.M), f"no line matching {line!r} in:\n{done.stdout}"
