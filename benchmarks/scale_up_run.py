@@ -59,7 +59,7 @@ def main() -> None:
         "workloads": [{"name": "ar", "type": "allreduce", "size": args.size, "iterations": 2}], "seed": 1,
     }, base_dir=Path(os.getcwd()))
     results = exp.run(out=args.out, quiet=True)
-    print(results.run_dir)
+    print(results.path)
 
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ def run(tmp_path_factory):
         assert exp.ranks == ["h1", "h2", "h3", "h4"]
         results = exp.run(out=tmp_path_factory.mktemp("results"), quiet=True)
         program = with_scale_up(jobs.resolve_jobs(exp.spec, exp.plan))
-    run_dir = results.run_dir
+    run_dir = results.path
     agents = {h: read_json(run_dir / "agents" / f"{h}.json") for h in exp.ranks}
     times = jobs.op_times(program, {h: a["ops"] for h, a in agents.items()})
     return run_dir, results.summary, agents, times
@@ -97,7 +97,7 @@ def test_no_switch_carries_scale_up_bytes_and_the_fabric_job_completes(run):
     ports = {r["peer"]: r for r in read_csv(run_dir / "ports.csv") if r["kind"] == "host"}
     # h1 and h3 sent no packets but pings and ARP; h2 and h4 sent the sendrecv's 4 MB each.
     for gpu in ("h1", "h3"):
-        assert int(ports[gpu]["rx_bytes"]) < 50_000 and int(ports[gpu]["tx_bytes"]) < 50_000, ports[gpu]
+        assert int(ports[gpu]["rx_bytes"]) < 10_000 and int(ports[gpu]["tx_bytes"]) < 10_000, ports[gpu]
         assert not agents[gpu]["send_qps"] and not agents[gpu]["recv_qps"]
     for h in ("h2", "h4"):
         assert int(ports[h]["rx_bytes"]) > 4 * MB
