@@ -18,8 +18,8 @@ A switch that connects is synchronised warm (controller/sync.py): the app reads 
 and groups, and sends only the difference from what the core wants, so a restarted controller
 (or a switch that reconnects) never wipes tables the switch kept forwarding on. What a restart
 loses, and why that is acceptable:
-  - link state: rebuilt from every switch's port descriptions as it connects (a link is down when
-    either end is); routes are computed over the links up then, at once: with failover: local a
+  - link state: rebuilt from the port descriptions of every switch that connects holding flows
+    (a link is down when either end is; a switch with empty tables is new, as planned); routes are computed over the links up then, at once: with failover: local a
     pending convergence delay ends at the restart (the detours were only ever a stopgap);
   - the load-balancing mode set live: read back from a leaf's LB_COOKIE flows (observed_lb_mode);
     DLB's live timing parameters go back to the run's (the spec's), its flowlet state lives in
@@ -637,7 +637,10 @@ class FabricApp(app_manager.OSKenApp):
             counts = None
         else:
             ports, flows, groups = tables
-            for desc in ports:
+            # A switch with empty tables is new (the run's bring-up): its links are as planned,
+            # and a port that changes later says so (port status). One that holds flows kept
+            # forwarding without us: its ports say which links went down meanwhile.
+            for desc in ports if flows else ():
                 self._port_seen(dp.id, desc, t0, warm=True)
             if switch.role == "leaf" and not self.core.by_graph:
                 self._adopt_mode(observed_lb_mode(flows), dp.id)

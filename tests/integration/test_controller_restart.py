@@ -66,14 +66,14 @@ def parse_flows(text: str) -> dict[str, tuple[float, int]]:
     return out
 
 
-def parse_port_tx(text: str) -> dict[int, int]:
-    """port number -> tx packets."""
+def parse_port_tx(text: str) -> dict[int, int | None]:
+    """port number -> tx packets (None: Open vSwitch has no figure, as for a port that is down)."""
     out, port = {}, None
     for line in text.splitlines():
         if m := re.match(r"\s*port\s+(\d+):", line):
             port = int(m[1])
-        elif port is not None and (m := re.match(r"\s*tx pkts=(\d+)", line)):
-            out[port] = int(m[1])
+        elif port is not None and (m := re.match(r"\s*tx pkts=(\d+|\?)", line)):
+            out[port] = None if m[1] == "?" else int(m[1])
     return out
 
 
@@ -177,7 +177,7 @@ def test_a_link_cut_after_the_restart_is_rerouted(rerouted):
     samples = [(t, p) for t, p in sampler.ports if t > rerouted_at + SAMPLE_S]
     assert len(samples) >= 2, "the run ended too soon after the cut to see the traffic move"
     first, last = samples[0][1], samples[-1][1]
-    assert last[4] == first[4]
+    assert last.get(4) == first.get(4)  # no figure at all while it is down: nothing sent either
     assert sum(last[p] - first[p] for p in (3, 5, 6)) > 100
 
 
@@ -258,5 +258,5 @@ def test_a_link_cut_while_the_controller_was_away_is_routed_around_when_it_retur
     samples = [(t, p) for t, p in sampler.ports if t > back + SAMPLE_S]
     assert len(samples) >= 2, "the run ended too soon after the controller came back"
     first, last = samples[0][1], samples[-1][1]
-    assert last[4] == first[4]
+    assert last.get(4) == first.get(4)  # no figure at all while it is down: nothing sent either
     assert sum(last[p] - first[p] for p in (3, 5, 6)) > 100
