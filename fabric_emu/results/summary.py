@@ -56,6 +56,8 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
         **switch,
         **({"nic": traffic["nics"]} if traffic.get("nics") else {}),
         **routing_section(traffic.get("events") or [], traffic.get("lb") or {}, plan.dilation),
+        # each time the controller was away (fabric_emu.fabric.keeper.outage_row)
+        **({"controller_outages": traffic["controller_outages"]} if traffic.get("controller_outages") else {}),
         **({"pfc_reaction": reaction} if reaction else {}),
         **pfcwd,
         **({"deadlocks": deadlock_summary} if deadlock_summary is not None else {}),

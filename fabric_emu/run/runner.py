@@ -293,14 +293,17 @@ class Runner:
         self.live.traffic_started(before)
         t = time.monotonic()
         cut_short: BaseException | None = None
+        keeper = self._controller_keeper(record)
         events = EventRunner(self.spec.events, self.plan.dilation, self.routed.ctrl.rest_url,
-                             self.routed.fabric.set_link, self.routed.fabric.set_link_rate, lossless.set_storm)
+                             self.routed.fabric.set_link, self.routed.fabric.set_link_rate, lossless.set_storm,
+                             keeper.act)
         background = Background(self.spec.background, self.routed.fabric, self.plan, record)
         background.prepare()
         progress = self._progress(lossless.to_hosts)
 
         def on_go(go: float) -> None:  # events, background traffic and the progress bar count from GO
             lossless.traffic_starts(go)
+            keeper.start_watching(go)
             self._on_go(events, go)
             background.start(go)
             progress.start(go)
@@ -308,6 +311,7 @@ class Runner:
         with CpuMonitor(processes=self._watched(), datapath=datapath_of(self.plan.extra)) as cpu, counters.QueueSampler(
                 self.plan, lossless.backlogs_now, lossless.paused_now) as queues, progress, DeadlockSampler(
                 lossless.waits_now) as waits:
+            keeper.on_new_pid = cpu.watch
             try:  # the NIC engines register with cpu.watch as they start
                 agents = run_agents(self.spec, self.plan, self.ranks, self.routed.fabric, record,
                                     workdir, self.say, watch=cpu.watch, info=self.nic_info,
@@ -316,6 +320,7 @@ class Runner:
                 agents, cut_short = getattr(e, "agent_stats", {}), e
             finally:
                 fired = events.stop()
+                outages = keeper.stop()
                 lossless.end_storms()
                 flows_behind = background.stop()
                 lb_state = events.final_state()
@@ -338,9 +343,17 @@ class Runner:
                         "ports": ports, "queues": queues.rows, "cpu": cpu.summary(),
                         "traffic_start": t, "thresholds": lossless.installed(), "nics": nics,
                         "events": fired, "lb": lb_state, "alone": alone, "background": flows_behind,
-                        "ended_monotonic": ended_monotonic, "waits": waits.samples}
+                        "ended_monotonic": ended_monotonic, "waits": waits.samples,
+                        "controller_outages": outages}
         if cut_short is not None:
             raise cut_short
+
+    def _controller_keeper(self, record: RunRecord):
+        """Restarts the controller on `controller:` events, and whenever it dies on its own
+        during the traffic phase (fabric_emu.fabric.keeper)."""
+        from fabric_emu.fabric.keeper import ControllerKeeper
+
+        return ControllerKeeper(self.routed.ctrl, record, self.plan.dilation, self.say)
 
     def _jobs_alone(self, record: RunRecord, workdir: Path) -> dict[str, float]:
         """Each job run by itself before they run together (with the background traffic, if
