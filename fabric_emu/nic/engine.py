@@ -12,9 +12,9 @@ Timers (RC retransmission, DCQCN's alpha and rate timers, a flow's start) sit in
 lazy invalidation: an entry whose time no longer matches its owner's schedule is skipped.
 
 Scale-up domains (fabric_emu.nic.scale_up: a server's GPUs, all served by this engine) send no
-packets: the loop also wakes at a domain's next event (a transfer begins moving or ends) and
-then touches the hosts whose messages were delivered. A run without servers pays one falsy
-test per loop, nothing per packet.
+packets: the loop also wakes at a domain's next event (a transfer begins moving or ends), unless
+it will wake within a tick anyway to fill sockets, and touches the hosts whose messages were
+delivered. A run without servers pays one falsy test per loop, nothing per packet.
 """
 
 from __future__ import annotations
@@ -124,7 +124,11 @@ class Engine:
                 wake = next_fill if pending else t + IDLE_POLL_S
                 if self._heap:
                     wake = min(wake, self._heap[0][0])
-                if self.domains:
+                if self.domains and not pending:
+                    # While packets wait for socket room the loop wakes each tick anyway: scale-up
+                    # events ride on those wake-ups rather than adding their own (a delivery's
+                    # time is exact; its dependent ops start when it is noticed, as after a
+                    # fabric op). Otherwise the loop wakes at the domain's next event.
                     wake = min(wake, self._domains_due(wake))
                 wake = min(wake, deadline)
                 early = woke + self.tick_s - t
