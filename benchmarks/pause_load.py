@@ -51,7 +51,7 @@ def incast(src: Path, out: Path) -> dict:
     gbps = min(spec["topology"]["host_link"]["gbps"], spec["topology"]["fabric_link"]["gbps"])
     reaction = s.get("pfc_reaction") or {}
     return {"slowest_s": reaction.get("max_s"), "split_ms": reaction.get("slowest_ms"),
-            "stage_max_ms": reaction.get("stage_max_ms"),
+            "stage_max_ms": reaction.get("stage_max_ms"), "gc_full": reaction.get("gc_full"),
             "pauses": reaction.get("pauses_measured", 0),
             "headroom_s": spec["pfc"]["headroom"] * 8 / (gbps * 1e9) * s["dilation"],
             "overruns": s["switch"].get("headroom_overruns", 0), "status": s.get("status")}
@@ -82,6 +82,10 @@ def report(name: str, rows: list[dict]) -> None:
     if stages:  # revisions that record it: each stage's longest over every pause of every run
         print(f"  {'':10s} each stage's longest over all runs (ms): "
               f"{ {k: max(s[k] for s in stages) for k in stages[0]} }")
+    gcs = [r["gc_full"] for r in ok if r.get("gc_full")]
+    if gcs:  # revisions that record it: the PFC daemon's full garbage collections while serving
+        print(f"  {'':10s} PFC daemon full collections {sum(g['count'] for g in gcs)}, "
+              f"longest {max(g['longest_ms'] for g in gcs):.3f} ms")
 
 
 def main() -> None:

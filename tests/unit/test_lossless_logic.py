@@ -260,3 +260,22 @@ def test_each_stage_keeps_its_longest_over_every_pause() -> None:
     assert r["slowest_ms"]["frame"] == 1.0 and r["stage_max_ms"]["frame"] == 5.0
     assert reaction_summary({"reaction_s": [0.001]}, 2000).keys() == {
         "pauses_measured", "p50_s", "max_s", "p50_fabric_us", "max_fabric_us"}  # an older daemon's stats
+
+
+def test_the_daemon_settles_its_heap_and_counts_full_collections() -> None:
+    """After settle() a full collection walks only what was allocated since: short, and counted."""
+    import gc
+
+    from fabric_emu.ports.pfcd import FullCollections
+
+    collections = FullCollections()
+    try:
+        collections.settle()
+        assert gc.get_freeze_count() > 1000  # the test process's modules and objects
+        gc.collect(1)  # not a full one: not counted
+        gc.collect(2)
+        report = collections.report()
+        assert report["count"] == 1 and 0 <= report["longest_ms"] < 50, report
+    finally:
+        gc.callbacks.remove(collections._on_gc)
+        gc.unfreeze()
