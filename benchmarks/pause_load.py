@@ -52,6 +52,7 @@ def incast(src: Path, out: Path) -> dict:
     reaction = s.get("pfc_reaction") or {}
     return {"slowest_s": reaction.get("max_s"), "split_ms": reaction.get("slowest_ms"),
             "stage_max_ms": reaction.get("stage_max_ms"), "gc_full": reaction.get("gc_full"),
+            "longest_call_ms": reaction.get("longest_call_ms"),
             "pauses": reaction.get("pauses_measured", 0),
             "headroom_s": spec["pfc"]["headroom"] * 8 / (gbps * 1e9) * s["dilation"],
             "overruns": s["switch"].get("headroom_overruns", 0), "status": s.get("status")}
@@ -82,6 +83,11 @@ def report(name: str, rows: list[dict]) -> None:
     if stages:  # revisions that record it: each stage's longest over every pause of every run
         print(f"  {'':10s} each stage's longest over all runs (ms): "
               f"{ {k: max(s[k] for s in stages) for k in stages[0]} }")
+    calls = [r["longest_call_ms"] for r in ok if r.get("longest_call_ms")]
+    if calls:  # revisions that record it: the PFC daemon's longest frame send and tc change
+        longest = {k: max(c[k] for c in calls) for k in calls[0]}
+        sends = " ".join(f"{c['frame']:.2f}" for c in calls)
+        print(f"  {'':10s} PFC daemon's longest call (ms): {longest}  per run, frame send: {sends}")
     gcs = [r["gc_full"] for r in ok if r.get("gc_full")]
     if gcs:  # revisions that record it: the PFC daemon's full garbage collections while serving
         print(f"  {'':10s} PFC daemon full collections {sum(g['count'] for g in gcs)}, "

@@ -170,6 +170,10 @@ class Daemon:
         self.reactions_s: list[float] = []
         self.worst_split: dict[str, float] = {}  # the slowest reaction, stage by stage (seconds)
         self.stage_max: dict[str, float] = {}  # each stage's longest over every pause (seconds)
+        # The daemon's longest send of a frame and tc change (ns): a send also runs the network
+        # receive work pending on its CPU (softirqs run when it re-enables them), so a long one
+        # is time the kernel kept the daemon from the next event.
+        self.longest_ns = {"frame": 0, "gate": 0}
         self.frames_sent = self.frames_received = self.events = 0
         self.next_reconcile = 0.0
         self.errors: list[str] = []
@@ -383,13 +387,20 @@ class Daemon:
     def _send(self, port_id: int, quanta_list: list[int]) -> None:
         port = self.ports[port_id]
         for quanta in quanta_list:
+            start = time.monotonic_ns()
             self._tx_socket(port).sendto(pfc_frame(tag_mac(port_id), quanta, LOSSLESS), (port.intf, 0))
+            self._took("frame", start)
             self.frames_sent += 1
             if port_id in self.storm_now:
                 self.storm_now[port_id]["frames"] += 1
             self.maps.table.add(port_id, "pause_tx", 1, LOSSLESS)
             if quanta == 0:
                 self.crossed_at.pop(port_id, None)
+
+    def _took(self, what: str, start_ns: int) -> int:
+        now_ns = time.monotonic_ns()
+        self.longest_ns[what] = max(self.longest_ns[what], now_ns - start_ns)
+        return now_ns
 
     def _tx_socket(self, port: DaemonPort) -> socket.socket:
         """Switch ports send from the root namespace; a storming NIC from its host's."""
@@ -404,8 +415,9 @@ class Daemon:
         if action is None:
             return
         port, table = self.ports[port_id], self.maps.table
+        start = time.monotonic_ns()
         self.gates[port_id].set(action == "open")
-        now_ns = time.monotonic_ns()
+        now_ns = self._took("gate", start)
         if self.watchdog is not None:
             self.watchdog.on_gate(port_id, action == "close", now_ns / 1e9)
         if action == "close":
@@ -461,6 +473,7 @@ class Daemon:
         self.maps.close()
         return {"intervals": self.intervals, "reaction_s": self.reactions_s,
                 "worst_reaction": self.worst_split, "stage_max": self.stage_max,
+                "longest_call_ms": {k: round(v / 1e6, 3) for k, v in self.longest_ns.items()},
                 "frames_sent": self.frames_sent, "frames_received": self.frames_received,
                 "events": self.events, "errors": self.errors[:20],
                 "events_lost": events_lost, "watchdog": watchdog,
