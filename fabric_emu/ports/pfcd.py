@@ -170,10 +170,10 @@ class Daemon:
         self.reactions_s: list[float] = []
         self.worst_split: dict[str, float] = {}  # the slowest reaction, stage by stage (seconds)
         self.stage_max: dict[str, float] = {}  # each stage's longest over every pause (seconds)
-        # The daemon's longest send of a frame and tc change (ns): a send also runs the network
-        # receive work pending on its CPU (softirqs run when it re-enables them), so a long one
-        # is time the kernel kept the daemon from the next event.
-        self.longest_ns = {"frame": 0, "gate": 0}
+        # The daemon's longest send of a frame, tc change and round of its loop (ns): a send also
+        # runs the network receive work pending on its CPU (softirqs run when it re-enables
+        # them), and a round is what an event that arrives meanwhile waits at most.
+        self.longest_ns = {"frame": 0, "gate": 0, "loop": 0}
         self.frames_sent = self.frames_received = self.events = 0
         self.next_reconcile = 0.0
         self.errors: list[str] = []
@@ -204,9 +204,11 @@ class Daemon:
         if wakeup is not None:
             poller.register(wakeup, select.EPOLLIN)
         while not stop.is_set():
+            start = time.monotonic_ns()
             self._drain(time.monotonic())
             deadline = self._timers(time.monotonic())
             timeout = IDLE_POLL_S if deadline is None else max(0.0, min(IDLE_POLL_S, deadline - time.monotonic()))
+            self._took("loop", start)  # its own work between two waits: events wait this long at most
             for fd, _ in poller.poll(timeout):
                 if fd == wakeup:
                     signals = os.read(wakeup, 512)
