@@ -56,6 +56,16 @@ def nic_cpu_s(run_dir: Path) -> tuple[float, int]:
     return cpu + sum(engines.values()), packets
 
 
+def extract(rev: str, dest: Path) -> Path:
+    """The source tree of revision rev (what a run needs) under dest."""
+    dest.mkdir()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "fabric_emu", "controller", "experiments",
+                              "topologies"], capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(dest)
+    return dest
+
+
 def run(src: Path, out: Path, size: str | None) -> dict:
     before = ovs_cpu_s()
     sets = ["--set", f"workload.size={size}"] if size else []
@@ -97,12 +107,7 @@ def main() -> None:
     if os.geteuid() != 0:
         sys.exit("run as root: it builds fabrics")
     with tempfile.TemporaryDirectory() as tmp:
-        old = Path(tmp) / "old"
-        old.mkdir()
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", args.rev, "fabric_emu", "controller", "experiments",
-                                  "topologies"], capture_output=True, check=True).stdout
-        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-            tar.extractall(old)
+        old = extract(args.rev, Path(tmp) / "old")
         if args.scale_up:
             return scale_up_main(args, old, Path(tmp))
         results = {"earlier": [], "this tree": []}
