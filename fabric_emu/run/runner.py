@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -137,12 +136,7 @@ class Runner:
         started = time.time()
         run_dir = self.run_dir = self.open_results(started)
         record = RunRecord.new(f"{results.utc_stamp(started)}-{os.getpid()}")
-        # Named in the record before it exists: a kill -9 at any moment leaves no folder that
-        # no record names (the run id is unique: time and pid).
-        workdir = Path(tempfile.gettempdir()) / f"fabric-emu-{record.run_id}"
-        record.paths = [str(workdir)]
-        record.save()
-        workdir.mkdir(mode=0o700)
+        workdir = record.new_workdir()
         self.say(f"run {record.run_id}: {self.plan.name}, {len(self.plan.switches)} switches, "
                  f"{len(self.plan.hosts)} hosts; results in {run_dir}")
 
