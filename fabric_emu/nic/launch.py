@@ -28,11 +28,13 @@ from fabric_emu.spec.workloads import AllReduceWorkload
 from fabric_emu.topo.plan import FabricPlan
 from fabric_emu.workloads.program import Program
 from fabric_emu.state.records import RunRecord
+from fabric_emu.state.supervise import Component, Supervisor, describe_exit
 
 START_DELAY_S = 0.5  # between GO and the common start time, so every engine is waiting
 READY_TIMEOUT_S = 30.0
 TICK_PACKETS = 8  # packets a QP may send at line rate between two engine wake-ups
 MIN_TICK_S, MAX_TICK_S = 2e-3, 20e-3
+WAIT_POLL_S = 0.2  # the wait for DONE wakes this often to let the supervisor look around
 
 
 def program_configs(spec: ExperimentSpec, plan: FabricPlan) -> dict[str, ProgramConfig]:
@@ -187,21 +189,26 @@ def _read_line(proc: subprocess.Popen, deadline: float) -> str | None:
 
 def run_agents(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], fabric, record: RunRecord,
                workdir: Path, say: Callable[[str], None], watch: Callable[[int, str], None] | None = None,
-               info: dict | None = None, on_go: Callable[[float], None] | None = None) -> dict[str, dict]:
+               info: dict | None = None, on_go: Callable[[float], None] | None = None,
+               supervisor: Supervisor | None = None) -> dict[str, dict]:
     """Run every rank's NIC to completion (or timeout); returns stats by host name.
 
     watch(pid, label), when given, is told each engine process (the fidelity monitor samples it);
     info, when given, gets the engines' count, start-up time and memory; on_go(go) is told the
-    wall-clock time traffic starts at (scheduled events count from it)."""
+    wall-clock time traffic starts at (scheduled events count from it); supervisor, when given,
+    gets the engines as parts whose death ends the run, and is checked while the NICs run."""
     procs: dict[str, subprocess.Popen] = {}
     try:
         _start_and_wait(spec, plan, ranks, fabric, record, workdir, say, procs, watch,
-                        info if info is not None else {}, on_go)
+                        info if info is not None else {}, on_go, supervisor)
     except BaseException as e:
         # Interrupted or failed: engines still write what they measured; keep it for the report.
         _stop(procs)
         e.agent_stats = _collect(ranks, workdir)  # type: ignore[attr-defined]
         raise
+    finally:
+        if supervisor is not None:  # stopped engines are no deaths
+            supervisor.remove_kind("nic")
     _stop(procs)
     return _collect(ranks, workdir)
 
@@ -210,15 +217,19 @@ def _start_and_wait(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], fa
                     record: RunRecord, workdir: Path, say: Callable[[str], None],
                     procs: dict[str, subprocess.Popen],
                     watch: Callable[[int, str], None] | None, info: dict,
-                    on_go: Callable[[float], None] | None = None) -> None:
+                    on_go: Callable[[float], None] | None = None,
+                    supervisor: Supervisor | None = None) -> None:
     cfgs = agent_configs(spec, plan, ranks, workdir, fabric.netns_of)
     for a, b in unchecked_pairs(cfgs[0].workload, ranks):
         # A first packet to an unresolved neighbour waits in a small kernel queue (or is lost).
         fabric.check_reachable([a, b])
     engines = engine_configs(cfgs, tick_s(plan), engine_count(len(cfgs)))
     started = time.monotonic()
+    names: dict[str, str] = {}  # engine{N} -> its name in the supervisor's messages
+    gives_up = [float("inf")]  # when the engines stop by themselves (their timeout), once GO is sent
     for ec in engines:
         name = f"engine{ec.engine}"
+        names[name] = engine_name(ec.engine, [h.host for h in ec.hosts])
         path = workdir / f"{name}.config.json"
         path.write_text(ec.to_json())
         with open(workdir / f"{name}.log", "w") as log:
@@ -228,6 +239,9 @@ def _start_and_wait(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], fa
         record.add_process(procs[name].pid, f"nic {name}")
         if watch is not None:
             watch(procs[name].pid, f"nic {name}")
+        if supervisor is not None:
+            supervisor.add(Component(names[name], "nic", "fail",
+                                     probe=lambda p=procs[name]: _engine_death(p, gives_up[0])))
 
     deadline = time.time() + READY_TIMEOUT_S
     for name, p in procs.items():
@@ -248,11 +262,13 @@ def _start_and_wait(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], fa
     what = " + ".join(w.type for w in spec.jobs)
     say(f"traffic: {what} over {len(ranks)} hosts started")
 
+    if supervisor is not None:
+        supervisor.traffic_started(time.monotonic() + max(0.0, go - time.time()))
+    gives_up[0] = go + spec.timeout
     deadline = go + spec.timeout + 5.0  # engines enforce the timeout; this is the backstop
-    for p in procs.values():
-        _read_line(p, deadline)  # DONE, or None when the engine gave up
+    _wait_done(procs, deadline, supervisor, names)
     # Every engine is done (or gave up): let what is still in flight land and be counted.
-    time.sleep(drain_s(plan))
+    _sleep_watching(drain_s(plan), supervisor)
     for p in procs.values():
         try:
             p.stdin.write("STOP\n")
@@ -264,6 +280,57 @@ def _start_and_wait(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], fa
             p.wait(timeout=max(5.0, deadline - time.time()))
         except subprocess.TimeoutExpired:
             p.kill()
+
+
+def engine_name(engine: int, hosts: list[str], most: int = 6) -> str:
+    """An engine as a user reads it: "NIC engine 2 (hosts h3, h7)"."""
+    shown = ", ".join(hosts[:most]) + (f" and {len(hosts) - most} more" if len(hosts) > most else "")
+    return f"NIC engine {engine} (host{'s' if len(hosts) > 1 else ''} {shown})"
+
+
+def _engine_death(p: subprocess.Popen, gives_up: float) -> str | None:
+    """How an engine died, or None: running, or it stopped by itself at its timeout (it wrote
+    its stats and exits 1 without DONE: the deadline's doing, which the summary explains)."""
+    how = describe_exit(p.poll())
+    if how is not None and p.returncode >= 0 and time.time() >= gives_up:
+        return None
+    return how
+
+
+def _wait_done(procs: dict[str, subprocess.Popen], deadline: float, supervisor: Supervisor | None,
+               names: dict[str, str]) -> None:
+    """Until every engine said DONE (or gave up: EOF), or the deadline; the supervisor looks
+    around at every wake-up, so a dead engine (EOF without DONE) or another dead part ends the
+    wait at once instead of at the deadline."""
+    pending = dict(procs)
+    while pending:
+        left = deadline - time.time()
+        if left <= 0:
+            return
+        ready, _, _ = select.select([p.stdout for p in pending.values()], [], [], min(left, WAIT_POLL_S))
+        for name in [n for n, p in pending.items() if p.stdout in ready]:
+            p = pending.pop(name)
+            if p.stdout.readline():  # DONE: its exit after STOP is no death
+                if supervisor is not None:
+                    supervisor.remove(names[name])
+                continue
+            # EOF: it gave up at its timeout, or it died
+            if supervisor is not None:  # EOF without DONE: it died (give its exit status a moment)
+                try:
+                    p.wait(timeout=1.0)
+                except subprocess.TimeoutExpired:
+                    pass
+                supervisor.check(force=True)
+        if supervisor is not None:
+            supervisor.check()
+
+
+def _sleep_watching(seconds: float, supervisor: Supervisor | None) -> None:
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        time.sleep(min(left, WAIT_POLL_S))
+        if supervisor is not None:
+            supervisor.check()
 
 
 def _rss_bytes(pid: int) -> int:

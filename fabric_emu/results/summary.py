@@ -63,8 +63,11 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
         **({"deadlocks": deadlock_summary} if deadlock_summary is not None else {}),
         **trust_section(spec, traffic.get("cpu") or {}, agents, ports, traffic.get("events") or [], daemon,
                         reaction, unexplained,
-                        deadlocked=bool(deadlock_summary and deadlock_summary["deadlocked_at_end"])),
+                        deadlocked=bool(deadlock_summary and deadlock_summary["deadlocked_at_end"]),
+                        fault=state.get("error") if state.get("fault") else None,
+                        restarts=traffic.get("restarts") or []),
         **({"dilation_auto": plan.extra["dilation_auto"]} if "dilation_auto" in plan.extra else {}),
+        **({"restarts": traffic["restarts"]} if traffic.get("restarts") else {}),
     }
 
 
