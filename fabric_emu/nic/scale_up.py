@@ -49,6 +49,11 @@ class ScaleUpDomain:
     def busy(self) -> bool:
         return bool(self._waiting or self._moving)
 
+    @property
+    def time(self) -> float:
+        """The time the model has been advanced to."""
+        return self._t
+
     def start(self, key: Hashable, src: str, dst: str, nbytes: int, now: float) -> list[tuple[Hashable, float]]:
         """Begin a transfer at `now`; returns the transfers completed up to now (as advance)."""
         if src == dst:
@@ -157,7 +162,7 @@ class ScaleUpChannels:
     def next_event(self) -> float | None:
         """When the engine must call advance: at once if hosts wait to be told of a delivery."""
         if self._woken:
-            return self.domain._t
+            return self.domain.time
         return self.domain.next_event()
 
     def advance(self, now: float) -> set[str]:
