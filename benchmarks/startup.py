@@ -18,9 +18,7 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 from mininet.log import setLogLevel
 from mininet.net import Mininet
@@ -39,10 +37,8 @@ from smoke import parse_args  # benchmarks/smoke.py (benchmarks are scripts, not
 
 def fabric_emu_round(plan: FabricPlan) -> tuple[float, float]:
     """Bring-up and teardown exactly as `fabric-emu run` does them (RoutedFabric)."""
-    workdir = Path(tempfile.mkdtemp(prefix="fabric-emu-bench-"))
     record = RunRecord.new(f"bench-{os.getpid()}-{time.time_ns()}")
-    record.paths = [str(workdir)]
-    record.save()
+    workdir = record.new_workdir("fabric-emu-bench-")
     t0 = time.monotonic()
     routed = RoutedFabric(plan, record, workdir)
     try:

@@ -12,6 +12,11 @@ times. Per side it prints the bus bandwidth fraction and two costs per packet:
 
 Run as root:  .venv/bin/python benchmarks/versus.py [--rev f6b04f0] [--rounds 2] [--size 8MB] [--smoke]
 (--smoke: HEAD against HEAD, one small round.)
+
+--scale-up: the quickstart fabric's all-reduce as a job, run by benchmarks/scale_up_run.py, three
+ways per round: the earlier revision and this tree on the fabric alone, and this tree with four
+2-GPU servers exchanging chains of scale-up messages (modelled by the NIC engines, no packets)
+throughout: the NICs' CPU per fabric packet should not change (issue 22).
 """
 
 from __future__ import annotations
@@ -51,6 +56,16 @@ def nic_cpu_s(run_dir: Path) -> tuple[float, int]:
     return cpu + sum(engines.values()), packets
 
 
+def extract(rev: str, dest: Path) -> Path:
+    """The source tree of revision rev (what a run needs) under dest."""
+    dest.mkdir()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "fabric_emu", "controller", "experiments",
+                              "topologies"], capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(dest)
+    return dest
+
+
 def run(src: Path, out: Path, size: str | None) -> dict:
     before = ovs_cpu_s()
     sets = ["--set", f"workload.size={size}"] if size else []
@@ -64,21 +79,37 @@ def run(src: Path, out: Path, size: str | None) -> dict:
             "nic_us": nic / packets * 1e6, "trusted": s.get("fidelity", {}).get("trusted")}
 
 
+def run_scale_up(src: Path, out: Path, size: str | None, fabric_only: bool) -> dict:
+    """One run of benchmarks/scale_up_run.py from the source tree src (see --scale-up)."""
+    before = ovs_cpu_s()
+    cmd = [sys.executable, str(REPO / "benchmarks" / "scale_up_run.py"), str(out), "--size", size or "8MB",
+           *(["--fabric-only"] if fabric_only else [])]
+    r = subprocess.run(cmd, cwd=src, env={**os.environ, "PYTHONPATH": str(src)}, capture_output=True, text=True)
+    ovs = ovs_cpu_s() - before
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} (in {src}) failed: {r.stderr[-2000:]}")
+    (run_dir,) = (out / "scale-up-bench").iterdir()
+    s = json.loads((run_dir / "summary.json").read_text())
+    nic, packets = nic_cpu_s(run_dir)
+    return {"busbw": s.get("busbw_fraction"), "ovs_us": ovs / s["switch"]["tx_packets"] * 1e6,
+            "nic_us": nic / packets * 1e6, "trusted": s.get("fidelity", {}).get("trusted"),
+            "scale_up_bytes": s.get("transport", {}).get("scale_up_bytes", 0)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rev", default="f6b04f0", help="the earlier revision (git)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--size", help="all-reduce size (default: the quickstart's)")
+    ap.add_argument("--scale-up", action="store_true",
+                    help="an all-reduce job with and without scale-up transfers beside it (issue 22)")
     args = parse_args(ap, rev="HEAD", rounds=1, size="1MB")
     if os.geteuid() != 0:
         sys.exit("run as root: it builds fabrics")
     with tempfile.TemporaryDirectory() as tmp:
-        old = Path(tmp) / "old"
-        old.mkdir()
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", args.rev, "fabric_emu", "controller", "experiments",
-                                  "topologies"], capture_output=True, check=True).stdout
-        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-            tar.extractall(old)
+        old = extract(args.rev, Path(tmp) / "old")
+        if args.scale_up:
+            return scale_up_main(args, old, Path(tmp))
         results = {"earlier": [], "this tree": []}
         for i in range(args.rounds):
             results["earlier"].append(run(old, Path(tmp) / f"old-{i}", args.size))
@@ -93,6 +124,27 @@ def main() -> None:
     e, t = mean["earlier"], mean["this tree"]
     print(f"  ratios this/earlier: OVS per packet {t['ovs_us'] / e['ovs_us']:.2f}, "
           f"NIC per packet {t['nic_us'] / e['nic_us']:.2f}")
+
+
+def scale_up_main(args: argparse.Namespace, old: Path, tmp: Path) -> None:
+    """--scale-up: rounds of (earlier, this tree, this tree + scale-up), interleaved so the
+    machine's drift falls on every side alike."""
+    sides = {"earlier": (old, True), "this tree": (REPO, True), "+ scale-up": (REPO, False)}
+    results: dict[str, list[dict]] = {name: [] for name in sides}
+    for i in range(args.rounds):
+        for k, (name, (src, fabric_only)) in enumerate(sides.items()):
+            results[name].append(run_scale_up(src, tmp / f"{k}-{i}", args.size, fabric_only))
+    print(f"all-reduce job on the quickstart fabric, {args.rounds} round(s) each, earlier = {args.rev}")
+    mean = {}
+    for name, rows in results.items():
+        mean[name] = {k: sum(r[k] for r in rows) / len(rows) for k in ("busbw", "ovs_us", "nic_us")}
+        m = mean[name]
+        print(f"  {name:10s} busbw {m['busbw']:.3f}  OVS {m['ovs_us']:6.1f} us/switch packet  "
+              f"NICs {m['nic_us']:6.1f} us/fabric packet  scale-up bytes {rows[0]['scale_up_bytes']:,}  "
+              f"trusted {[r['trusted'] for r in rows]}")
+    e = mean["earlier"]["nic_us"]
+    print(f"  NIC CPU per fabric packet / earlier: this tree {mean['this tree']['nic_us'] / e:.2f}, "
+          f"this tree + scale-up {mean['+ scale-up']['nic_us'] / e:.2f}")
 
 
 if __name__ == "__main__":

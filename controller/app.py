@@ -13,6 +13,19 @@ Configuration arrives as os_ken.cfg options in group [fabric] (controller/__main
   rest_port   the REST API's TCP port (controller/rest.py; 0: none), on rest_host (loopback)
   bpf_pins    the run's pinned BPF maps: the DLB stage's table is configured through them
   dlb_inactivity_ns, dlb_window_ns   the DLB stage's flowlet gap and quality window (wall ns)
+
+A switch that connects is synchronised warm (controller/sync.py): the app reads its ports, flows
+and groups, and sends only the difference from what the core wants, so a restarted controller
+(or a switch that reconnects) never wipes tables the switch kept forwarding on. What a restart
+loses, and why that is acceptable:
+  - link state: rebuilt from the port descriptions of every switch that connects holding flows
+    (a link is down when either end is; a switch with empty tables is new, as planned); routes are computed over the links up then, at once: with failover: local a
+    pending convergence delay ends at the restart (the detours were only ever a stopgap);
+  - the load-balancing mode set live: read back from a leaf's LB_COOKIE flows (observed_lb_mode);
+    DLB's live timing parameters go back to the run's (the spec's), its flowlet state lives in
+    the BPF table and is kept;
+  - the history of live changes (REST `changes`, `link_changes`): the new process starts its own;
+    the run records the outage itself (fabric_emu.fabric.keeper).
 """
 
 from __future__ import annotations
@@ -35,10 +48,11 @@ from os_ken.lib import hub
 from os_ken.ofproto import ofproto_v1_5 as ofp
 from os_ken.ofproto import ofproto_v1_5_parser as parser
 
-from controller.core import (TTL_COOKIE, UPLINK_BUILDERS, Action, Conflict, DecTtl, DeleteFlows, FabricCore, Hairpin,
-                             Flow, Group, LbOptions, Message, Output, PacketOut, ResetSwitch, SetEthSrc,
+from controller.core import (TTL_COOKIE, UPLINK_BUILDERS, Action, Bucket, Conflict, DecTtl, DeleteFlows, FabricCore,
+                             Hairpin, Flow, Group, LbOptions, Message, Output, PacketOut, ResetSwitch, SetEthSrc,
                              ToController, ToGroup)
 from controller.rest import make_app
+from controller.sync import DeleteFlow, DeleteGroup, SyncCounts, Unknown, observed_lb_mode, plan_sync
 from fabric_emu.spec import units
 from fabric_emu.topo.plan import FabricPlan
 from fabric_emu.ports.dlb import DlbTable
@@ -46,6 +60,7 @@ from fabric_emu.ports.dlb import DlbTable
 LOG = logging.getLogger("fabric_emu.controller")
 LOAD_POLL_S = 1.0  # how often the REST API's uplink loads are refreshed (OpenFlow port stats)
 BARRIER_TIMEOUT_S = 5.0
+READ_TABLES_TIMEOUT_S = 5.0  # a warm start's wait for a switch's ports, flows and groups
 
 cfg.CONF.register_opts([
     cfg.StrOpt("plan", help="plan JSON file"),
@@ -139,7 +154,7 @@ def _watch(port: int | None, group: int | None) -> list:
     return props
 
 
-def to_ofp(dp: Datapath, msg: Message) -> list[parser.MsgBase]:
+def to_ofp(dp: Datapath, msg: Message | DeleteFlow | DeleteGroup) -> list[parser.MsgBase]:
     """The os-ken messages that carry one core message."""
     match msg:
         case ResetSwitch():
@@ -166,6 +181,11 @@ def to_ofp(dp: Datapath, msg: Message) -> list[parser.MsgBase]:
             return [parser.OFPFlowMod(dp, table_id=table, command=ofp.OFPFC_DELETE, cookie=cookie,
                                       cookie_mask=0xFFFFFFFFFFFFFFFF, out_port=ofp.OFPP_ANY,
                                       out_group=ofp.OFPG_ANY, match=parser.OFPMatch())]
+        case DeleteFlow(table, priority, match):
+            return [parser.OFPFlowMod(dp, table_id=table, command=ofp.OFPFC_DELETE_STRICT, priority=priority,
+                                      out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY, match=_match(match))]
+        case DeleteGroup(group_id):
+            return [parser.OFPGroupMod(dp, command=ofp.OFPGC_DELETE, group_id=group_id)]
         case PacketOut():
             return [parser.OFPPacketOut(dp, buffer_id=ofp.OFP_NO_BUFFER,
                                         match=parser.OFPMatch(in_port=ofp.OFPP_CONTROLLER),
@@ -173,11 +193,142 @@ def to_ofp(dp: Datapath, msg: Message) -> list[parser.MsgBase]:
     raise TypeError(f"no OpenFlow translation for {msg!r}")
 
 
-def write_ready(path: str, dpids: list[int]) -> None:
-    """Atomically, so a poller never reads half a file."""
+def write_ready(path: str, dpids: list[int], syncs: dict | None = None) -> None:
+    """Atomically, so a poller never reads half a file. syncs: per dpid (hex), what its warm
+    start sent (SyncCounts.as_dict) and when."""
     tmp = Path(f"{path}.tmp")
-    tmp.write_text(json.dumps({"dpids": dpids, "time": time.time()}))
+    tmp.write_text(json.dumps({"dpids": dpids, "time": time.time(), "syncs": syncs or {}}))
     os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------- reading tables back
+def _bucket(buf: bytes, offset: int) -> parser.OFPBucket:
+    """OFPBucket.parser, mended the same way: a bucket's properties end where the bucket does."""
+    b = parser.OFPBucket()
+    start = offset
+    b.len, b.action_array_len, b.bucket_id = struct.unpack_from(ofp.OFP_BUCKET_PACK_STR, buf, offset)
+    offset += ofp.OFP_BUCKET_SIZE
+    action_buf = buf[offset:offset + b.action_array_len]
+    b.actions = []
+    while action_buf:
+        action = parser.OFPAction.parser(action_buf, 0)
+        b.actions.append(action)
+        action_buf = action_buf[action.len:]
+    rest = buf[offset + b.action_array_len:start + b.len]
+    b.properties = []
+    while rest:
+        prop, rest = parser.OFPGroupBucketProp.parse(rest)
+        b.properties.append(prop)
+    return b
+
+
+def _group_desc_parser(cls, buf, offset):
+    """OFPGroupDescStats.parser, mended: os-ken 4 parses an entry's properties (and each
+    bucket's) from its offset to offset + length (the whole entry's length), so with several
+    groups (buckets) it reads the next ones as properties, and fails. Here the properties end
+    where the entry does, and their raw bytes are kept (raw_properties) for the
+    selection-method property, which os-ken cannot read."""
+    stats = cls()
+    start = offset
+    (stats.length, stats.type, stats.group_id,
+     stats.bucket_array_len) = struct.unpack_from(ofp.OFP_GROUP_DESC_STATS_PACK_STR, buf, offset)
+    offset += ofp.OFP_GROUP_DESC_STATS_SIZE
+    bucket_buf = buf[offset:offset + stats.bucket_array_len]
+    stats.buckets = []
+    while bucket_buf:
+        bucket = _bucket(bucket_buf, 0)
+        stats.buckets.append(bucket)
+        bucket_buf = bucket_buf[bucket.len:]
+    offset += stats.bucket_array_len
+    stats.raw_properties = bytes(buf[offset:start + stats.length])
+    stats.properties = []
+    return stats
+
+
+parser.OFPGroupDescStats.parser = classmethod(_group_desc_parser)
+
+
+def _selection_method(raw: bytes) -> tuple[tuple[str, ...], tuple[tuple[str, int], ...], int] | None:
+    """(fields hashed whole, (field, mask) hashed through a mask, basis) from a group's raw
+    properties (Open vSwitch's ntr_group_prop_selection_method); None if it has none."""
+    off = 0
+    while off + 4 <= len(raw):
+        ptype, length = struct.unpack_from("!HH", raw, off)
+        if length < 4:
+            return None
+        if ptype == ofp.OFPGPT_EXPERIMENTER and length >= 12:
+            exp, exp_type = struct.unpack_from("!II", raw, off + 4)
+            if exp == NTR_VENDOR_ID and exp_type == NTRT_SELECTION_METHOD:
+                body = raw[off + 12:off + length]
+                basis = struct.unpack_from("!Q", body, 20)[0]
+                whole, masked, pos = [], [], 28
+                while pos + 4 <= len(body):
+                    (header,) = struct.unpack_from("!I", body, pos)
+                    num, hdr_len = ofp.oxm_parse_header(body, pos)
+                    value = body[pos + hdr_len:pos + 4 + (header & 0xFF)]
+                    name = ofp.oxm_to_user_header(num)
+                    if value == b"\xff" * len(value):
+                        whole.append(name)
+                    else:
+                        masked.append((name, int.from_bytes(value, "big")))
+                    pos += 4 + (header & 0xFF)
+                return tuple(whole), tuple(masked), basis
+        off += (length + 7) // 8 * 8
+    return None
+
+
+def from_ofp_actions(actions: Iterable) -> tuple:
+    """The core actions an os-ken action list carries (the inverse of _actions)."""
+    out: list = []
+    for a in actions:
+        if isinstance(a, parser.OFPActionOutput):
+            out.append(ToController() if a.port == ofp.OFPP_CONTROLLER else Output(a.port))
+        elif isinstance(a, parser.OFPActionGroup):
+            out.append(ToGroup(a.group_id))
+        elif isinstance(a, parser.OFPActionDecNwTtl):
+            out.append(DecTtl())
+        elif isinstance(a, parser.OFPActionSetField) and a.key == "eth_src":
+            out.append(SetEthSrc(str(a.value).lower()))
+        elif isinstance(a, parser.OFPActionSetField) and a.key in ("in_port_nxm", "in_port") and a.value == 0:
+            out.append(Hairpin())
+        else:
+            out.append(Unknown(repr(a)))
+    return tuple(out)
+
+
+def from_ofp_flow(st) -> Flow:
+    """A flow description (OFPFlowDesc) as a core Flow."""
+    actions: tuple = ()
+    goto = None
+    for inst in st.instructions:
+        if isinstance(inst, parser.OFPInstructionActions) and inst.type == ofp.OFPIT_APPLY_ACTIONS:
+            actions += from_ofp_actions(inst.actions)
+        elif isinstance(inst, parser.OFPInstructionGotoTable):
+            goto = inst.table_id
+        else:
+            actions += (Unknown(repr(inst)),)
+    match = {k: tuple(v) if isinstance(v, list) else v for k, v in st.match._fields2}
+    return Flow(st.table_id, st.priority, match, actions, goto, st.cookie)
+
+
+_GROUP_TYPE_NAMES = {v: k for k, v in GROUP_TYPES.items()}
+
+
+def from_ofp_group(st) -> Group:
+    """A group description (OFPGroupDescStats, read with _group_desc_parser) as a core Group."""
+    buckets = []
+    for b in st.buckets:
+        watch_port = watch_group = None
+        for prop in b.properties:
+            if prop.type == ofp.OFPGBPT_WATCH_PORT and prop.watch != ofp.OFPP_ANY:
+                watch_port = prop.watch
+            elif prop.type == ofp.OFPGBPT_WATCH_GROUP and prop.watch != ofp.OFPG_ANY:
+                watch_group = prop.watch
+        buckets.append(Bucket(b.bucket_id, from_ofp_actions(b.actions), watch_port, watch_group))
+    hashed = _selection_method(getattr(st, "raw_properties", b""))
+    whole, masked, basis = hashed if hashed else ((), (), 0)
+    return Group(st.group_id, _GROUP_TYPE_NAMES.get(st.type, f"type{st.type}"), tuple(buckets),
+                 whole, masked, basis)
 
 
 class FabricApp(app_manager.OSKenApp):
@@ -198,6 +349,8 @@ class FabricApp(app_manager.OSKenApp):
         self._port_up: dict[tuple[int, int], bool] = {}  # (dpid, port) -> as last reported
         self._ports: dict[int, dict[int, tuple[float, int, float]]] = {}  # dpid -> port -> (t, tx_bytes, bps)
         self._ttl: dict[str, dict[int, int]] = {}  # the last ttl_expired() answers
+        self._replies: dict[int, list] = {}  # xid -> the bodies of a multipart reply a warm start awaits
+        self.syncs: dict[str, dict] = {}  # dpid (hex) -> what its last warm start sent, and when
         LOG.info("plan %s, lb_mode %s, expecting dpids %s", self.core.plan.name, conf.lb_mode,
                  [hex(d) for d in self.core.expected_dpids()])
         if conf.rest_port:
@@ -332,24 +485,32 @@ class FabricApp(app_manager.OSKenApp):
     @set_ev_cls(ofp_event.EventOFPPortStatus, MAIN_DISPATCHER)
     def port_status(self, ev) -> None:
         """A fabric link went down or came back: route every leaf around it (or back)."""
-        t0 = time.time()
         desc = ev.msg.desc
-        link = self.core.link_of(ev.msg.datapath.id, desc.port_no)
+        self._port_seen(ev.msg.datapath.id, desc, time.time())
+
+    def _port_seen(self, dpid: int, desc, t0: float, warm: bool = False) -> None:
+        """A port's state, from a port status or (warm, at a switch's connection) its port
+        description: if its link changed, reroute (warm: at once, on the switches already
+        synchronised; the others are computed over the new state as they connect)."""
+        link = self.core.link_of(dpid, desc.port_no)
         if link is None:
             return
-        self._port_up[(ev.msg.datapath.id, desc.port_no)] = not (
+        self._port_up[(dpid, desc.port_no)] = not (
             desc.state & ofp.OFPPS_LINK_DOWN or desc.config & ofp.OFPPC_PORT_DOWN)
         # A link is up when both its ends are (each end reports on its own, in any order).
         up = all(self._port_up.get(end, True) for end in self.core.link_ends(*link))
         if (frozenset(link) not in self.core.down) == up:
             return  # no change (its other end reported it already, or a mere counter update)
         msgs = self.core.link_changed(*link, up)  # now, so the other end's report is no change
-        if self.core.failover == "local":
+        if self.core.failover == "local" and not warm:
             self._local_failover(link, up, t0)
             return
         if self.dlb is not None:  # the flowlet stage stops choosing uplinks that cannot reach
             for leaf in self.core.plan.leaves:
                 self.dlb.set_allowed(self.core.leaf_number(leaf), self.core.dlb_allowed(leaf))
+        if warm:
+            msgs = {d: m for d, m in msgs.items() if d in self.programmed and d != dpid}
+            LOG.info("link %s is %s at dpid %#x's connection", "-".join(sorted(link)), "up" if up else "down", dpid)
         hub.spawn(self._reroute, link, up, t0, msgs)  # waits on barriers: not in the event loop
 
     def _local_failover(self, link: tuple[str, str], up: bool, t0: float) -> None:
@@ -389,8 +550,10 @@ class FabricApp(app_manager.OSKenApp):
             w.wait(timeout=max(0.0, deadline - time.time()))
         return self._ttl
 
-    @set_ev_cls(ofp_event.EventOFPFlowDescStatsReply, MAIN_DISPATCHER)
+    @set_ev_cls(ofp_event.EventOFPFlowDescStatsReply, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def flow_stats(self, ev) -> None:
+        if self._collect(ev):  # a warm start's read of the whole table
+            return
         switch = self.core.switch_of(ev.msg.datapath.id)
         if switch is not None:
             per_port = self._ttl.setdefault(switch.name, {})
@@ -436,13 +599,98 @@ class FabricApp(app_manager.OSKenApp):
         self.programmed.discard(dp.id)
         self.failed.discard(dp.id)
         self.datapaths[dp.id] = dp
-        msgs = self.core.switch_up(dp.id)
+        hub.spawn(self._warm_start, dp)  # waits for the switch's answers: not in the event loop
+
+    def _read_tables(self, dp: Datapath) -> tuple[list, list[Flow], list[Group]] | None:
+        """The switch's port descriptions, flows (every table) and groups; None on timeout."""
+        reqs = [parser.OFPPortDescStatsRequest(dp, 0), parser.OFPFlowDescStatsRequest(dp),
+                parser.OFPGroupDescStatsRequest(dp, 0, ofp.OFPG_ALL)]
+        waits = []
+        for req in reqs:
+            dp.set_xid(req)
+            self._replies[req.xid] = []
+            waits.append(self._barriers.setdefault(req.xid, hub.Event()))
+            dp.send_msg(req)
+        deadline = time.time() + READ_TABLES_TIMEOUT_S
+        answered = all(w.wait(timeout=max(0.0, deadline - time.time())) for w in waits)
+        bodies = [self._replies.pop(req.xid, []) for req in reqs]
+        for req in reqs:
+            self._barriers.pop(req.xid, None)
+        if not answered:
+            return None
+        ports, flows, groups = bodies
+        return ports, [from_ofp_flow(st) for st in flows], [from_ofp_group(st) for st in groups]
+
+    def _warm_start(self, dp: Datapath) -> None:
+        """Bring a switch that connected to the wanted state without wiping it (controller/sync.py):
+        its ports tell which links are down, a leaf's flows the live load-balancing mode, and
+        only the difference is sent; then a barrier (its answer marks the switch programmed)."""
+        t0 = time.time()
+        tables = self._read_tables(dp)
+        if self.datapaths.get(dp.id) is not dp:
+            return  # it reconnected meanwhile: that connection's warm start does the work
+        switch = self.core.switch_of(dp.id)
+        if tables is None:
+            LOG.warning("dpid %#x did not describe its tables within %.0f s: cold start (reset)",
+                        dp.id, READ_TABLES_TIMEOUT_S)
+            msgs: list = self.core.switch_up(dp.id)
+            counts = None
+        else:
+            ports, flows, groups = tables
+            # A switch with empty tables is new (the run's bring-up): its links are as planned,
+            # and a port that changes later says so (port status). One that holds flows kept
+            # forwarding without us: its ports say which links went down meanwhile.
+            for desc in ports if flows else ():
+                self._port_seen(dp.id, desc, t0, warm=True)
+            if switch.role == "leaf" and not self.core.by_graph:
+                self._adopt_mode(observed_lb_mode(flows), dp.id)
+            sync = plan_sync(self.core.switch_up(dp.id), flows, groups)
+            msgs, counts = sync.messages, sync.counts
         for msg in msgs:
             for ofmsg in to_ofp(dp, msg):
                 dp.send_msg(ofmsg)
         # OpenFlow answers a barrier only after every earlier message, errors included.
         dp.send_msg(parser.OFPBarrierRequest(dp))
-        LOG.info("dpid %#x connected: sent %d messages and a barrier", dp.id, len(msgs))
+        record = {"time": t0, "read_s": round(time.time() - t0, 6), "cold": counts is None,
+                  **(counts or SyncCounts(flows_added=len(msgs))).as_dict()}
+        self.syncs[f"{dp.id:#x}"] = record
+        LOG.info("dpid %#x connected: %s start, sent %d messages (%s) and a barrier", dp.id,
+                 "cold" if counts is None else "warm", len(msgs),
+                 "reset and everything" if counts is None else
+                 ", ".join(f"{k} {v}" for k, v in counts.as_dict().items() if v and k != "messages"))
+
+    def _adopt_mode(self, mode: str | None, dpid: int) -> None:
+        """Keep the load-balancing mode a leaf's table shows (one changed live before a restart)."""
+        if mode is None or mode == self.core.lb_mode:
+            return
+        try:
+            self.core.set_mode(mode)  # its messages are not needed: the sync computes the difference
+        except (ValueError, Conflict) as e:
+            LOG.warning("dpid %#x shows load balancing %s, which this controller cannot take (%s)", dpid, mode, e)
+            return
+        LOG.info("dpid %#x shows load balancing %s: keeping it", dpid, mode)
+        if mode == "dlb" and self.dlb is not None:
+            self._dlb_enable(True)
+
+    def _collect(self, ev) -> bool:
+        """A multipart reply a warm start awaits: its bodies kept, its waiter woken at the end."""
+        bodies = self._replies.get(ev.msg.xid)
+        if bodies is None:
+            return False
+        bodies.extend(ev.msg.body)
+        if not ev.msg.flags & ofp.OFPMPF_REPLY_MORE:
+            waiting = self._barriers.pop(ev.msg.xid, None)
+            if waiting is not None:
+                waiting.set()
+        return True
+
+    @set_ev_cls(ofp_event.EventOFPPortDescStatsReply, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
+    def port_desc(self, ev) -> None:
+        self._collect(ev)  # os-ken's own request at connection is not ours: ignored
+
+    @set_ev_cls(ofp_event.EventOFPGroupDescStatsReply, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
+    def group_desc(self, ev) -> None:
+        self._collect(ev)
 
     @set_ev_cls(ofp_event.EventOFPErrorMsg, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def error(self, ev) -> None:
@@ -465,7 +713,7 @@ class FabricApp(app_manager.OSKenApp):
         LOG.info("dpid %#x programmed (%d/%d)", dpid, len(self.programmed),
                  len(self.core.expected_dpids()))
         if self.programmed.issuperset(self.core.expected_dpids()):
-            write_ready(self.ready_file, self.core.expected_dpids())
+            write_ready(self.ready_file, self.core.expected_dpids(), self.syncs)
             LOG.info("all switches programmed; wrote %s", self.ready_file)
 
     @set_ev_cls(ofp_event.EventOFPPacketIn, MAIN_DISPATCHER)

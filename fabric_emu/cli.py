@@ -449,8 +449,10 @@ def clean() -> None:
     if os.geteuid() != 0:
         err.print("error: fabric-emu clean needs root")
         raise typer.Exit(EXIT_RUNTIME)
+    from fabric_emu.run.supervise import ovs_back_after_death
     from fabric_emu.state.cleanup import clean_stale
 
+    ovs_back_after_death(lambda line: out.print(line, markup=False))  # else deleting bridges hangs
     removed, active = clean_stale()
     for line in removed:
         out.print(f"removed {line}", markup=False)

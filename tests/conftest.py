@@ -12,11 +12,11 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_benchmark(name: str, timeout_s: float) -> subprocess.CompletedProcess:
-    """benchmarks/NAME.py in its smoke mode, run as the README says (from the repository, with
-    this interpreter), with this tree's packages first on the path."""
+def run_benchmark(name: str, timeout_s: float, *args: str) -> subprocess.CompletedProcess:
+    """benchmarks/NAME.py in its smoke mode (and args), run as the README says (from the
+    repository, with this interpreter), with this tree's packages first on the path."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, str(REPO / "benchmarks" / f"{name}.py"), "--smoke"], cwd=REPO,
+    return subprocess.run([sys.executable, str(REPO / "benchmarks" / f"{name}.py"), "--smoke", *args], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=timeout_s)
 
 

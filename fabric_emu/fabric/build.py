@@ -145,6 +145,7 @@ class Fabric:
         """Create and connect the OVS bridges, then give every link end its egress queue."""
         assert self.net is not None, "build() first"
         self.net.start()
+        self._reconnect_fast()
         if self.datapath == "kernel":  # else the run would only fail later, as "no connectivity"
             off = ovs_datapath.bridges_off_the_kernel_datapath([sw.name for sw in self.plan.switches])
             if off:
@@ -152,6 +153,19 @@ class Fabric:
                                    "(see ovs-appctl dpif/show and ovs-vswitchd.log; if it started before the "
                                    "openvswitch module was loaded, restart it: scripts/setup.sh)")
         self._shape_links()
+
+    def _reconnect_fast(self) -> None:
+        """A switch that lost its controller retries with a doubling backoff, up to 8 s by
+        default: capped at 1 s (Open vSwitch's least), a restarted controller gets every switch
+        back about a second after it listens. (fail_mode secure keeps the flows meanwhile.)"""
+        target = f'"tcp:127.0.0.1:{self.controller_port}"'
+        uuids = subprocess.run(["ovs-vsctl", "--bare", "--columns=_uuid", "find", "Controller", f"target={target}"],
+                               capture_output=True, text=True, timeout=30, check=True).stdout.split()
+        cmd = ["ovs-vsctl"]
+        for uuid in uuids:
+            cmd += ["--", "set", "Controller", uuid, "max_backoff=1000"]
+        if uuids:
+            subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True)
 
     def _prepare_interfaces(self) -> None:
         """MTU on every link end, no IPv6 chatter, no TX checksum offload on hosts (the

@@ -6,6 +6,7 @@ orchestrator only, which then stops the controller in order; it logs to <workdir
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -41,6 +42,7 @@ class ControllerProcess:
     ready_file: Path
     log_file: Path
     rest_port: int = 0  # the REST API's (controller/rest.py), on LISTEN_HOST; 0: none
+    cmd: tuple[str, ...] = ()  # how it was started: respawn() starts the same again
 
     @property
     def rest_url(self) -> str:
@@ -82,6 +84,27 @@ class ControllerProcess:
             time.sleep(0.1)
         return self.ready_file.exists()
 
+    def kill(self) -> None:
+        """SIGKILL, as a crash: no goodbye to the switches (they see the TCP connection drop)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+    def respawn(self) -> None:
+        """Start the same command again (same OpenFlow and REST ports, so switches and REST
+        clients find it where they did) once the old process is gone; wait_ready follows."""
+        if self.proc.poll() is None:
+            raise RuntimeError(f"the controller (pid {self.pid}) is still running")
+        self.ready_file.unlink(missing_ok=True)
+        self.proc = _spawn(list(self.cmd), self.log_file)
+
+    def ready_info(self) -> dict:
+        """The ready file's content (dpids, time, and each switch's warm start); {} if none."""
+        try:
+            return json.loads(self.ready_file.read_text())
+        except (FileNotFoundError, ValueError):
+            return {}
+
     def stop(self, timeout: float = 5.0) -> None:
         """SIGTERM, then SIGKILL if it does not exit in time; only this pid, never a pattern."""
         if self.proc.poll() is not None:
@@ -117,7 +140,10 @@ def start_controller(plan_path: str | os.PathLike, workdir: str | os.PathLike,
         cmd += ["--rest-port", str(rest_port)]
     if spray_entropies is not None:
         cmd += ["--spray-entropies", str(spray_entropies)]
+    return ControllerProcess(_spawn(cmd, log_file), port, ready_file, log_file, rest_port, tuple(cmd))
+
+
+def _spawn(cmd: list[str], log_file: Path) -> subprocess.Popen:
     with log_file.open("ab") as log:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-    return ControllerProcess(proc, port, ready_file, log_file, rest_port)

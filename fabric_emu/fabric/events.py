@@ -89,6 +89,7 @@ def failovers(fired: list[dict], link_changes: list[dict], dilation: float) -> l
 SetLink = Callable[[str, str, bool], None]  # (node, node, up): both ends of the link
 SetRate = Callable[[str, str, float], None]  # (node, node, modelled Gb/s)
 SetStorm = Callable[[str, bool], None]  # (host, storming)
+ControllerAction = Callable[[str], dict]  # stop | start | restart -> what happened (fabric.keeper)
 
 
 class EventRunner:
@@ -96,9 +97,10 @@ class EventRunner:
 
     def __init__(self, events: list[EventSpec], dilation: float, controller_url: str,
                  set_link: SetLink | None = None, set_rate: SetRate | None = None,
-                 set_storm: SetStorm | None = None):
+                 set_storm: SetStorm | None = None, controller: ControllerAction | None = None):
         self.events, self.dilation, self.url = events, dilation, controller_url
         self.set_link, self.set_rate, self.set_storm = set_link, set_rate, set_storm
+        self.controller = controller
         self._done: list[dict] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -118,7 +120,14 @@ class EventRunner:
             e = s.event
             row = {"index": s.index, "at_fabric_s": e.at, "kind": e.kind,
                    "fired_s": round(fired - go, 6), "fired_wall": fired, "late_s": round(fired - s.wall_s, 6)}
-            if e.kind == "pfc_storm":
+            if e.kind == "controller":
+                row["controller"] = e.controller
+                try:  # restart and start return once every switch is resynchronised
+                    done = self.controller(e.controller)
+                    row.update(ok=True, **{k: done[k] for k in ("resynced", "outage_s", "outage_fabric_us") if k in done})
+                except (OSError, RuntimeError, TypeError) as err:
+                    row.update(ok=False, error=str(err))
+            elif e.kind == "pfc_storm":
                 row.update(nic=e.nic, pfc_storm=e.pfc_storm)
                 try:
                     self.set_storm(e.nic, e.pfc_storm == "on")

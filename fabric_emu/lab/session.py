@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -121,9 +120,7 @@ class LabSession:
                                f"{', '.join(taken[:8])}")
         started = time.time()
         self.record = RunRecord.new(f"{results.utc_stamp(started)}-{os.getpid()}")
-        self.workdir = Path(tempfile.mkdtemp(prefix="fabric-emu-lab-"))
-        self.record.paths = [str(self.workdir)]
-        self.record.save()
+        self.workdir = self.record.new_workdir("fabric-emu-lab-")
         self.say(f"lab {self.record.run_id}: {self.plan.name}, {len(self.plan.switches)} switches, "
                  f"{len(self.plan.hosts)} hosts; building it")
         self.runner = Runner(self._boot_spec(), self.plan, [h.name for h in self.plan.hosts], self.out_base,

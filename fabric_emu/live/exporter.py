@@ -224,6 +224,10 @@ class MetricsServer:
     def freeze(self, snap: Snapshot | None) -> None:
         self.collector.freeze(snap)
 
+    def serving(self) -> bool:
+        """Its thread still serves (the run's supervisor asks)."""
+        return self._thread.is_alive()
+
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()

@@ -220,3 +220,16 @@ def kernel_datapath_warnings(kd: dict | None) -> list[str]:
                    "before any switch counter; if every upcall is lost, ovs-vswitchd may have no "
                    "handler threads (restart it with the datapath present: scripts/setup.sh)")
     return out
+
+
+def scale_up_note(agents: dict[str, dict]) -> str | None:
+    """What a run did not emulate: transfers inside servers (scale-up, NVLink-class) are
+    modelled by the NIC engines, so no switch, queue or NIC packet path saw their bytes."""
+    su = [a["scale_up"] for a in agents.values() if a.get("scale_up")]
+    transfers = sum(s.get("received", 0) for s in su)
+    if not transfers:
+        return None
+    nbytes = sum(s.get("received_bytes", 0) for s in su)
+    return (f"{transfers:,} scale-up transfer(s) inside servers ({nbytes:,} bytes) were modelled, not "
+            "emulated: each took its bytes over the server's scale-up bandwidth (shared max-min fairly "
+            "per GPU and direction) plus its latency, with no packets (docs/scale-up.md)")

@@ -166,6 +166,16 @@ class TransportConfig(_Frozen):
     retry_limit: int = Field(default=7, ge=1)
 
 
+class ScaleUpConfig(_Frozen):
+    """This host's server: its GPUs (hosts, in GPU order) and their scale-up domain, in EMULATED
+    units (the plan's gbps per GPU and direction / dilation; latency x dilation)."""
+
+    server: str
+    hosts: tuple[str, ...] = Field(min_length=2)
+    rate_bps: float = Field(gt=0, description="per GPU and direction, bits/s emulated")
+    latency_s: float = Field(ge=0, description="a transfer's start-up latency, emulated")
+
+
 class AgentConfig(_JsonFile):
     host: str
     ip: IPv4
@@ -185,6 +195,7 @@ class AgentConfig(_JsonFile):
     # Packet spraying: UDP source ports each send QP rotates through per packet (a power of two;
     # 0: one port, no spraying); receivers then place packets by PSN (reordering is no loss).
     spray_entropies: int = Field(default=0, ge=0, le=64)
+    scale_up: Optional[ScaleUpConfig] = None  # None: the host is no GPU of a multi-GPU server
 
     @model_validator(mode="after")
     def _ring_is_consistent(self) -> "AgentConfig":
@@ -203,6 +214,11 @@ class AgentConfig(_JsonFile):
                 for end in ("src", "dst"):
                     if getattr(c, end) not in names:
                         raise ValueError(f"workload.channels.{i}.{end}: {getattr(c, end)} is not in ranks")
+                if c.via != "fabric" and self.host in (c.src, c.dst):
+                    server = self.scale_up.hosts if self.scale_up else ()
+                    if c.src not in server or c.dst not in server:
+                        raise ValueError(f"workload.channels.{i}.via: scale-up between {c.src} and {c.dst},"
+                                         " which are not GPUs of one server")
         if isinstance(self.workload, FlowsConfig):
             names = {r.name for r in self.ranks}
             for i, f in enumerate(self.workload.flows):
@@ -221,6 +237,25 @@ class EngineConfig(_JsonFile):
     engine: int = Field(ge=0)
     tick_s: float = Field(gt=0, description="longest sleep while packets wait for socket room")
     hosts: tuple[AgentConfig, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _servers_whole(self) -> "EngineConfig":
+        """A scale-up domain is modelled in one process: both ends of every scale-up channel of
+        a host here must be served here, with the same server."""
+        here = {h.host: h.scale_up for h in self.hosts}
+        for k, h in enumerate(self.hosts):
+            if not isinstance(h.workload, ProgramConfig):
+                continue
+            for i, c in enumerate(h.workload.channels):
+                if c.via == "fabric" or h.host not in (c.src, c.dst):
+                    continue
+                other = c.dst if c.src == h.host else c.src
+                if other not in here:
+                    raise ValueError(f"hosts.{k}.workload.channels.{i}: scale-up between {c.src} and {c.dst},"
+                                     f" but {other} is served by another engine (a server's GPUs share one)")
+                if here[other] != h.scale_up:
+                    raise ValueError(f"hosts.{k}.scale_up: {h.host} and {other} disagree on their server")
+        return self
 
 
 

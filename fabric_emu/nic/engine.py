@@ -10,6 +10,11 @@ per packet. A tick is a few packet times at line rate (fabric_emu.nic.launch.tic
 
 Timers (RC retransmission, DCQCN's alpha and rate timers, a flow's start) sit in one heap with
 lazy invalidation: an entry whose time no longer matches its owner's schedule is skipped.
+
+Scale-up domains (fabric_emu.nic.scale_up: a server's GPUs, all served by this engine) send no
+packets: the loop also wakes at a domain's next event (a transfer begins moving or ends), unless
+it will wake within a tick anyway to fill sockets, and touches the hosts whose messages were
+delivered. A run without servers pays one falsy test per loop, nothing per packet.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from fabric_emu.nic.host_nic import HostNic, SendQp
+from fabric_emu.nic.scale_up import ScaleUpChannels
 
 IDLE_POLL_S = 0.05  # longest sleep, so a stop request or the deadline is noticed quickly
 
@@ -61,8 +67,11 @@ class Host:
 
 
 class Engine:
-    def __init__(self, hosts: list[Host], tick_s: float, clock: Callable[[], float]):
+    def __init__(self, hosts: list[Host], tick_s: float, clock: Callable[[], float],
+                 domains: list[ScaleUpChannels] | None = None):
         self.hosts = hosts
+        self.domains = domains or []
+        self._by_name = {h.name: h for h in hosts}
         self.tick_s = tick_s
         self.clock = clock
         self._heap: list[tuple[float, int, Host, SendQp | None]] = []
@@ -89,6 +98,8 @@ class Engine:
                 if stop or t >= deadline:
                     return
                 self._fire_timers(t, touched)
+                if self.domains:
+                    self._advance_domains(t, touched)
                 if pending and t >= next_fill:  # full sockets are retried once a tick
                     touched |= pending
                     next_fill = t + self.tick_s
@@ -113,6 +124,12 @@ class Engine:
                 wake = next_fill if pending else t + IDLE_POLL_S
                 if self._heap:
                     wake = min(wake, self._heap[0][0])
+                if self.domains and not pending:
+                    # While packets wait for socket room the loop wakes each tick anyway: scale-up
+                    # events ride on those wake-ups rather than adding their own (a delivery's
+                    # time is exact; its dependent ops start when it is noticed, as after a
+                    # fabric op). Otherwise the loop wakes at the domain's next event.
+                    wake = min(wake, self._domains_due(wake))
                 wake = min(wake, deadline)
                 early = woke + self.tick_s - t
                 if early > 0 and wake > t:
@@ -197,6 +214,23 @@ class Engine:
         if queued is None or due < queued:
             self._scheduled[key] = due
             heapq.heappush(self._heap, (due, next(self._seq), h, sq))
+
+    def _advance_domains(self, t: float, touched: set[Host]) -> None:
+        """Deliver the scale-up messages that ended by t; touch their senders and receivers."""
+        for d in self.domains:
+            due = d.next_event()
+            if due is not None and due <= t:
+                for name in d.advance(t):
+                    h = self._by_name.get(name)
+                    if h is not None:
+                        touched.add(h)
+
+    def _domains_due(self, wake: float) -> float:
+        for d in self.domains:
+            due = d.next_event()
+            if due is not None and due < wake:
+                wake = due
+        return wake
 
     def _fire_timers(self, t: float, touched: set[Host]) -> None:
         heap = self._heap

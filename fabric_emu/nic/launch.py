@@ -22,17 +22,19 @@ from fabric_emu.workloads.flows import workload_flows
 from fabric_emu.lb import spray
 from fabric_emu.nic.config import (AgentConfig, DcqcnConfig, EngineConfig, FlowConfig, FlowsConfig,
                                      ProgramChannel, ProgramConfig, ProgramOp, RankInfo, RingConfig,
-                                     TransportConfig)
+                                     ScaleUpConfig, TransportConfig)
 from fabric_emu.spec.experiment import ExperimentSpec
 from fabric_emu.spec.workloads import AllReduceWorkload
 from fabric_emu.topo.plan import FabricPlan
 from fabric_emu.workloads.program import Program
 from fabric_emu.state.records import RunRecord
+from fabric_emu.state.supervise import Component, Supervisor, describe_exit
 
 START_DELAY_S = 0.5  # between GO and the common start time, so every engine is waiting
 READY_TIMEOUT_S = 30.0
 TICK_PACKETS = 8  # packets a QP may send at line rate between two engine wake-ups
 MIN_TICK_S, MAX_TICK_S = 2e-3, 20e-3
+WAIT_POLL_S = 0.2  # the wait for DONE wakes this often to let the supervisor look around
 
 
 def program_configs(spec: ExperimentSpec, plan: FabricPlan) -> dict[str, ProgramConfig]:
@@ -65,11 +67,30 @@ def agent_workload(spec: ExperimentSpec, plan: FabricPlan) -> RingConfig | Flows
                    start_s=f.start_s * plan.dilation, gap_s=f.gap_s * plan.dilation) for f in flows))
 
 
+def check_scale_up(program: ProgramConfig, plan: FabricPlan) -> None:
+    """Refuse a scale-up channel whose ends are not GPUs of one server (ValueError, one line)."""
+    for i, c in enumerate(program.channels):
+        if c.via != "fabric" and not plan.same_server(c.src, c.dst):
+            raise ValueError(f"channel {i} ({c.src} -> {c.dst}) is scale-up, but {c.src} and {c.dst}"
+                             " are not GPUs of one server (plan.servers)")
+
+
+def scale_up_config(plan: FabricPlan, host: str) -> ScaleUpConfig | None:
+    """The host's server as its engine models it, in emulated units; None outside servers."""
+    srv = plan.server_of.get(host)
+    if srv is None:
+        return None
+    return ScaleUpConfig(server=srv.name, hosts=srv.hosts, rate_bps=srv.gbps * 1e9 / plan.dilation,
+                         latency_s=srv.latency_s * plan.dilation)
+
+
 def agent_configs(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], workdir: Path,
                   netns_of: Callable[[str], str | None] = lambda _h: None) -> list[AgentConfig]:
     infos = tuple(RankInfo(name=h, ip=plan.host_by_name[h].ip, index=i) for i, h in enumerate(ranks))
     if jobs.uses_program(spec):
         programs = program_configs(spec, plan)
+        if programs:
+            check_scale_up(next(iter(programs.values())), plan)  # every host has every channel
         workload_of = programs.__getitem__
     else:
         workload = agent_workload(spec, plan)
@@ -84,7 +105,7 @@ def agent_configs(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], work
             seed=spec.seed, stats_path=str(workdir / f"agent-{h}.json"), timeout_s=spec.timeout,
             dcqcn=dcqcn_config(spec, plan, h), transport=transport, netns=netns_of(h),
             ifname=plan.host_by_name[h].intf, link_mtu=plan.mtu,
-            spray_entropies=spray_entropies(spec, plan),
+            spray_entropies=spray_entropies(spec, plan), scale_up=scale_up_config(plan, h),
         )
         for i, h in enumerate(ranks)
     ]
@@ -124,9 +145,16 @@ def engine_count(hosts: int) -> int:
 
 
 def engine_configs(cfgs: list[AgentConfig], tick: float, engines: int) -> list[EngineConfig]:
-    """Hosts dealt round-robin over the engines (neighbours in a ring land on different ones)."""
-    return [EngineConfig(engine=e, tick_s=tick, hosts=tuple(cfgs[e::engines]))
-            for e in range(engines) if cfgs[e::engines]]
+    """Hosts dealt round-robin over the engines (neighbours in a ring land on different ones),
+    except that a server's GPUs go together to one engine, which models their scale-up domain:
+    each server (or lone host) goes, in rank order, to the engine serving fewest hosts so far."""
+    units: dict[str, list[AgentConfig]] = {}
+    for c in cfgs:
+        units.setdefault(c.scale_up.server if c.scale_up else f"host:{c.host}", []).append(c)
+    dealt: list[list[AgentConfig]] = [[] for _ in range(engines)]
+    for unit in units.values():
+        min(dealt, key=len).extend(unit)  # the first of the least loaded: round-robin for lone hosts
+    return [EngineConfig(engine=e, tick_s=tick, hosts=tuple(hs)) for e, hs in enumerate(dealt) if hs]
 
 
 def dcqcn_config(spec: ExperimentSpec, plan: FabricPlan, host: str) -> DcqcnConfig | None:
@@ -142,7 +170,8 @@ def unchecked_pairs(workload: RingConfig | FlowsConfig | ProgramConfig, ranks: l
     if isinstance(workload, RingConfig):
         return []
     ring = {(a, ranks[(i + 1) % len(ranks)]) for i, a in enumerate(ranks)}
-    ends = workload.channels if isinstance(workload, ProgramConfig) else workload.flows
+    ends = ([c for c in workload.channels if c.via == "fabric"] if isinstance(workload, ProgramConfig)
+            else workload.flows)
     return sorted({(f.src, f.dst) for f in ends} - ring)
 
 
@@ -160,21 +189,26 @@ def _read_line(proc: subprocess.Popen, deadline: float) -> str | None:
 
 def run_agents(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], fabric, record: RunRecord,
                workdir: Path, say: Callable[[str], None], watch: Callable[[int, str], None] | None = None,
-               info: dict | None = None, on_go: Callable[[float], None] | None = None) -> dict[str, dict]:
+               info: dict | None = None, on_go: Callable[[float], None] | None = None,
+               supervisor: Supervisor | None = None) -> dict[str, dict]:
     """Run every rank's NIC to completion (or timeout); returns stats by host name.
 
     watch(pid, label), when given, is told each engine process (the fidelity monitor samples it);
     info, when given, gets the engines' count, start-up time and memory; on_go(go) is told the
-    wall-clock time traffic starts at (scheduled events count from it)."""
+    wall-clock time traffic starts at (scheduled events count from it); supervisor, when given,
+    gets the engines as parts whose death ends the run, and is checked while the NICs run."""
     procs: dict[str, subprocess.Popen] = {}
     try:
         _start_and_wait(spec, plan, ranks, fabric, record, workdir, say, procs, watch,
-                        info if info is not None else {}, on_go)
+                        info if info is not None else {}, on_go, supervisor)
     except BaseException as e:
         # Interrupted or failed: engines still write what they measured; keep it for the report.
         _stop(procs)
         e.agent_stats = _collect(ranks, workdir)  # type: ignore[attr-defined]
         raise
+    finally:
+        if supervisor is not None:  # stopped engines are no deaths
+            supervisor.remove_kind("nic")
     _stop(procs)
     return _collect(ranks, workdir)
 
@@ -183,15 +217,19 @@ def _start_and_wait(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], fa
                     record: RunRecord, workdir: Path, say: Callable[[str], None],
                     procs: dict[str, subprocess.Popen],
                     watch: Callable[[int, str], None] | None, info: dict,
-                    on_go: Callable[[float], None] | None = None) -> None:
+                    on_go: Callable[[float], None] | None = None,
+                    supervisor: Supervisor | None = None) -> None:
     cfgs = agent_configs(spec, plan, ranks, workdir, fabric.netns_of)
     for a, b in unchecked_pairs(cfgs[0].workload, ranks):
         # A first packet to an unresolved neighbour waits in a small kernel queue (or is lost).
         fabric.check_reachable([a, b])
     engines = engine_configs(cfgs, tick_s(plan), engine_count(len(cfgs)))
     started = time.monotonic()
+    names: dict[str, str] = {}  # engine{N} -> its name in the supervisor's messages
+    gives_up = [float("inf")]  # when the engines stop by themselves (their timeout), once GO is sent
     for ec in engines:
         name = f"engine{ec.engine}"
+        names[name] = engine_name(ec.engine, [h.host for h in ec.hosts])
         path = workdir / f"{name}.config.json"
         path.write_text(ec.to_json())
         with open(workdir / f"{name}.log", "w") as log:
@@ -201,6 +239,9 @@ def _start_and_wait(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], fa
         record.add_process(procs[name].pid, f"nic {name}")
         if watch is not None:
             watch(procs[name].pid, f"nic {name}")
+        if supervisor is not None:
+            supervisor.add(Component(names[name], "nic", "fail",
+                                     probe=lambda p=procs[name]: _engine_death(p, gives_up[0])))
 
     deadline = time.time() + READY_TIMEOUT_S
     for name, p in procs.items():
@@ -221,11 +262,13 @@ def _start_and_wait(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], fa
     what = " + ".join(w.type for w in spec.jobs)
     say(f"traffic: {what} over {len(ranks)} hosts started")
 
+    if supervisor is not None:
+        supervisor.traffic_started(time.monotonic() + max(0.0, go - time.time()))
+    gives_up[0] = go + spec.timeout
     deadline = go + spec.timeout + 5.0  # engines enforce the timeout; this is the backstop
-    for p in procs.values():
-        _read_line(p, deadline)  # DONE, or None when the engine gave up
+    _wait_done(procs, deadline, supervisor, names)
     # Every engine is done (or gave up): let what is still in flight land and be counted.
-    time.sleep(drain_s(plan))
+    _sleep_watching(drain_s(plan), supervisor)
     for p in procs.values():
         try:
             p.stdin.write("STOP\n")
@@ -237,6 +280,57 @@ def _start_and_wait(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], fa
             p.wait(timeout=max(5.0, deadline - time.time()))
         except subprocess.TimeoutExpired:
             p.kill()
+
+
+def engine_name(engine: int, hosts: list[str], most: int = 6) -> str:
+    """An engine as a user reads it: "NIC engine 2 (hosts h3, h7)"."""
+    shown = ", ".join(hosts[:most]) + (f" and {len(hosts) - most} more" if len(hosts) > most else "")
+    return f"NIC engine {engine} (host{'s' if len(hosts) > 1 else ''} {shown})"
+
+
+def _engine_death(p: subprocess.Popen, gives_up: float) -> str | None:
+    """How an engine died, or None: running, or it stopped by itself at its timeout (it wrote
+    its stats and exits 1 without DONE: the deadline's doing, which the summary explains)."""
+    how = describe_exit(p.poll())
+    if how is not None and p.returncode >= 0 and time.time() >= gives_up:
+        return None
+    return how
+
+
+def _wait_done(procs: dict[str, subprocess.Popen], deadline: float, supervisor: Supervisor | None,
+               names: dict[str, str]) -> None:
+    """Until every engine said DONE (or gave up: EOF), or the deadline; the supervisor looks
+    around at every wake-up, so a dead engine (EOF without DONE) or another dead part ends the
+    wait at once instead of at the deadline."""
+    pending = dict(procs)
+    while pending:
+        left = deadline - time.time()
+        if left <= 0:
+            return
+        ready, _, _ = select.select([p.stdout for p in pending.values()], [], [], min(left, WAIT_POLL_S))
+        for name in [n for n, p in pending.items() if p.stdout in ready]:
+            p = pending.pop(name)
+            if p.stdout.readline():  # DONE: its exit after STOP is no death
+                if supervisor is not None:
+                    supervisor.remove(names[name])
+                continue
+            # EOF: it gave up at its timeout, or it died
+            if supervisor is not None:  # EOF without DONE: it died (give its exit status a moment)
+                try:
+                    p.wait(timeout=1.0)
+                except subprocess.TimeoutExpired:
+                    pass
+                supervisor.check(force=True)
+        if supervisor is not None:
+            supervisor.check()
+
+
+def _sleep_watching(seconds: float, supervisor: Supervisor | None) -> None:
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        time.sleep(min(left, WAIT_POLL_S))
+        if supervisor is not None:
+            supervisor.check()
 
 
 def _rss_bytes(pid: int) -> int:

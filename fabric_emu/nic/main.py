@@ -26,7 +26,8 @@ from fabric_emu.nic.engine import IDLE_POLL_S, Driver, Engine, Host
 from fabric_emu.nic.drivers.flows import FlowRunner, own_qps
 from fabric_emu.nic.live import LivePublisher, live_path
 from fabric_emu.nic.host_nic import DcqcnSetup, HostLog, HostNic, NicSetup, open_sockets
-from fabric_emu.nic.drivers.program import ProgramRunner
+from fabric_emu.nic.drivers.program import ProgramRunner, fabric_channels
+from fabric_emu.nic.scale_up import ScaleUpChannels
 from fabric_emu.nic.qps import QueuePair, build_qp_table
 from fabric_emu.nic.drivers.ring import RingRunner
 from fabric_emu.cc.dcqcn import DcqcnParams
@@ -72,17 +73,18 @@ def main(argv: list[str]) -> int:
     udp_before: dict[str, dict[str, int]] = {}
     go = cpu_at_go = engine = publisher = None
     error: str | None = None
+    domains = scale_up_domains(cfg)
     try:
         for hc in cfg.hosts:
             udp_before[hc.host] = udp_counters(hc.netns)
-            hosts.append(_open_host(hc, cfg.tick_s))
+            hosts.append(_open_host(hc, cfg.tick_s, domains))
         publisher = LivePublisher(cfg.engine, hosts, live_path(cfg.hosts[0].stats_path, cfg.engine), now).start()
         print("READY", flush=True)
         timeout = max(hc.timeout_s for hc in cfg.hosts)
         go = _wait_for_go(stop, now() + timeout)
         if go is not None and _sleep_until(go, stop):
             cpu_at_go = os.times()
-            engine = Engine(hosts, cfg.tick_s, now)
+            engine = Engine(hosts, cfg.tick_s, now, list(domains.values()))
             profile = os.environ.get("FABRIC_EMU_PROFILE")  # a folder: where engine profiles go
             if profile:
                 import cProfile
@@ -115,6 +117,9 @@ def main(argv: list[str]) -> int:
     for hc in cfg.hosts:
         h = by_name.get(hc.host)
         stats = _stats(hc, h, go, error, engine_stats, udp_before.get(hc.host, {}))
+        if hc.scale_up is not None:  # modelled transfers, no packets: counted apart
+            stats["scale_up"] = {"server": hc.scale_up.server,
+                                 **domains[hc.scale_up.server].stats.get(hc.host, {})}
         write_atomic(Path(hc.stats_path), json.dumps(stats, indent=1))
     if publisher is not None:
         publisher.stop()
@@ -133,9 +138,20 @@ def _stdin_says_stop() -> bool:
     return not line or line.strip() == "STOP"
 
 
-def _open_host(cfg: AgentConfig, tick_s: float) -> Host:
+def scale_up_domains(cfg: EngineConfig) -> dict[str, ScaleUpChannels]:
+    """One modelled scale-up domain per server whose GPUs this engine serves."""
+    out: dict[str, ScaleUpChannels] = {}
+    for hc in cfg.hosts:
+        s = hc.scale_up
+        if s is not None and s.server not in out:
+            out[s.server] = ScaleUpChannels(s.server, s.hosts, s.rate_bps / 8, s.latency_s)
+    return out
+
+
+def _open_host(cfg: AgentConfig, tick_s: float, domains: dict[str, ScaleUpChannels] | None = None) -> Host:
     """A host's NIC, sockets opened inside its namespace, and how to make its driver at GO."""
-    send, recv, make_driver = _queue_pairs(cfg)
+    domain = (domains or {}).get(cfg.scale_up.server) if cfg.scale_up else None
+    send, recv, make_driver = _queue_pairs(cfg, domain)
     setup = NicSetup(host=cfg.host, ip=cfg.ip, rate_bps=cfg.rate_bps, roce_mtu=cfg.roce_mtu,
                      link_mtu=cfg.link_mtu, transport=cfg.transport,
                      tick_s=tick_s, dcqcn=_dcqcn(cfg), spray_entropies=cfg.spray_entropies)
@@ -148,16 +164,17 @@ def _open_host(cfg: AgentConfig, tick_s: float) -> Host:
     return Host(cfg.host, nic, lambda go: make_driver(nic, go))
 
 
-def _queue_pairs(cfg: AgentConfig) -> tuple[list[QueuePair], list[QueuePair],
-                                            Callable[[HostNic, float], Driver]]:
+def _queue_pairs(cfg: AgentConfig, domain: ScaleUpChannels | None = None
+                 ) -> tuple[list[QueuePair], list[QueuePair], Callable[[HostNic, float], Driver]]:
     """This host's send and receive QPs (from the table every host rebuilds alike) and its driver."""
     names = tuple(r.name for r in cfg.ranks)
     w = cfg.workload
     if isinstance(w, ProgramConfig):
-        table = build_qp_table([(c.src, c.dst) for c in w.channels], [c.qps for c in w.channels], cfg.seed)
+        edges = fabric_channels(w)  # scale-up channels have no queue pairs
+        table = build_qp_table([(s, d) for s, d, _ in edges], [q for _, _, q in edges], cfg.seed)
         send = [qp for qp in table if qp.src == cfg.host]
         recv = [qp for qp in table if qp.dst == cfg.host]
-        return send, recv, lambda nic, _go: ProgramRunner(w, cfg.host, nic)
+        return send, recv, lambda nic, _go: ProgramRunner(w, cfg.host, nic, domain)
     if isinstance(w, FlowsConfig):
         table = build_qp_table([(f.src, f.dst) for f in w.flows], [f.qps for f in w.flows], cfg.seed)
         send = [qp for qp in table if qp.src == cfg.host]

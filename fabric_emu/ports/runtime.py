@@ -24,7 +24,9 @@ from fabric_emu.ports import datapath
 from fabric_emu.ports.layout import NPRIO, PORT_ECN, PORT_PFC
 from fabric_emu.ports.model import PortPlan, PortSettings, bpf_config, nic_receive_config
 from fabric_emu.ports.pfcd import Config, DaemonPort
+from fabric_emu.ports import queues
 from fabric_emu.ports.queues import LOSSLESS
+from fabric_emu.kernel.shaping import IPRoutePool
 from fabric_emu.state.records import RunRecord
 
 READY_TIMEOUT_S = 20.0
@@ -40,6 +42,7 @@ class LosslessPorts:
         self.daemon: subprocess.Popen | None = None
         self.stats_path = workdir / "pfcd-stats.json"
         self.netns_of: dict[str, str | None] = {}
+        self._traffic_go: float | None = None  # wall clock of the traffic's GO, once told
 
     def launch(self, netns_of: dict[str, str | None]) -> None:
         """Load the programs (maps pinned for this run) and start the PFC daemon, without
@@ -123,6 +126,47 @@ class LosslessPorts:
         self._wait_daemon()
         return stats
 
+    def daemon_returncode(self) -> int | None:
+        """The daemon's exit status (None while it runs): the supervisor's probe."""
+        return self.daemon.poll() if self.daemon is not None else None
+
+    def recover_daemon(self) -> dict:
+        """A fresh daemon after this one died mid-run (the supervisor's restart, traffic flowing).
+
+        The dead one took its state along: the gates it held closed would stay closed for ever
+        (no timer left to reopen them) and a watchdog's drop holds would stay on. Both are undone
+        here, from the ports map, before the new daemon starts; it then re-asserts what still
+        holds (a port above xoff pauses its upstream again, a storming NIC pauses again). What the
+        dead one logged in memory (pause intervals, reaction times) is lost; the map's counters
+        (frames sent and received, paused time) are not. Kept outside the daemon's own module on
+        purpose: this is launch plumbing."""
+        assert self.maps is not None
+        t = self.maps.table
+        now_ns = time.monotonic_ns()
+        reopened = []
+        with IPRoutePool() as pool:
+            for e in self.ports.ends:
+                since = t.get(e.id, "paused_since", LOSSLESS)
+                if since:
+                    queues.set_gate(e.intf, e.emulated_bps, self.ports.mtu,
+                                    self.ports.settings(e).fifo_limits[LOSSLESS], True,
+                                    self.netns_of.get(e.node), pool=pool)
+                    t.add(e.id, "paused_ns", max(0, now_ns - since), LOSSLESS)
+                    t.set(e.id, "paused_since", 0, LOSSLESS)
+                    reopened.append(e.intf)
+        held = [e.intf for e in self.ports.ends if t.get(e.id, "wd_drop")]
+        for e in self.ports.ends:  # the watchdog's drop action (Daemon._hold), undone
+            t.set(e.id, "wd_drop", 0)
+            t.set(e.id, "peer_wd_drop", 0)
+        old = self.daemon.pid if self.daemon is not None else None
+        self.record.processes = [p for p in self.record.processes if p.pid != old]
+        self.stats_path.unlink(missing_ok=True)  # a half-written log of the dead one, if any
+        self._spawn_daemon()
+        self._wait_daemon()
+        if self.ports.watchdog is not None and self._traffic_go is not None:  # its polls count from now
+            self.daemon.send_signal(signal.SIGUSR2)
+        return {"gates_reopened": reopened, "watchdog_holds_released": held}
+
     def _stop_daemon(self) -> dict:
         stats: dict = {}
         died = self.daemon is not None and self.daemon.poll() is not None  # before we stopped it
@@ -162,6 +206,7 @@ class LosslessPorts:
     def traffic_starts(self, go: float) -> None:
         """Tell the daemon, at `go` (wall clock), that traffic starts: the watchdog's polls count
         from there."""
+        self._traffic_go = go
         daemon = self.daemon
         if self.ports.watchdog is None or daemon is None:
             return

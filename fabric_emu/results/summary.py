@@ -23,7 +23,6 @@ from fabric_emu.topo.plan import FabricPlan
 from fabric_emu.workloads import jobs
 from fabric_emu.workloads.flows import planned_bytes
 from fabric_emu.workloads.jobs import uses_program
-from fabric_emu.workloads.program import RECV
 
 
 def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traffic: dict,
@@ -57,6 +56,8 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
         **switch,
         **({"nic": traffic["nics"]} if traffic.get("nics") else {}),
         **routing_section(traffic.get("events") or [], traffic.get("lb") or {}, plan.dilation),
+        # each time the controller was away (fabric_emu.fabric.keeper.outage_row)
+        **({"controller_outages": traffic["controller_outages"]} if traffic.get("controller_outages") else {}),
         **({"pfc_reaction": reaction} if reaction else {}),
         # bytes per ingress port charged for frames OVS dropped, given back (fabric_emu.ports.leaks)
         **({"lossless_leaks_credited": daemon["leaks_credited"]} if daemon.get("leaks_credited") else {}),
@@ -64,8 +65,11 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
         **({"deadlocks": deadlock_summary} if deadlock_summary is not None else {}),
         **trust_section(spec, traffic.get("cpu") or {}, agents, ports, traffic.get("events") or [], daemon,
                         reaction, unexplained,
-                        deadlocked=bool(deadlock_summary and deadlock_summary["deadlocked_at_end"])),
+                        deadlocked=bool(deadlock_summary and deadlock_summary["deadlocked_at_end"]),
+                        fault=state.get("error") if state.get("fault") else None,
+                        restarts=traffic.get("restarts") or []),
         **({"dilation_auto": plan.extra["dilation_auto"]} if "dilation_auto" in plan.extra else {}),
+        **({"restarts": traffic["restarts"]} if traffic.get("restarts") else {}),
     }
 
 
@@ -97,7 +101,7 @@ def deadline_section(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], a
         return None
     if uses_program(spec):
         program = jobs.build_program(jobs.resolve_jobs(spec, plan))
-        planned = sum(o.nbytes for o in program.ops if o.kind == RECV)
+        planned = jobs.fabric_bytes(program)  # as the NICs' receive QPs count
     else:
         planned = planned_bytes(spec.workload, ranks, [h.name for h in plan.hosts])
     return deadline_report(agents, timeout_s=spec.timeout, dilation=plan.dilation,

@@ -57,6 +57,13 @@ def reaction_summary(daemon: dict, dilation: float) -> dict | None:
     split = daemon.get("worst_reaction")
     if split:  # where the slowest one went: ring buffer, frame, tc change
         out["slowest_ms"] = {k.removesuffix("_s"): round(v * 1e3, 3) for k, v in split.items()}
+    if daemon.get("longest_call_ms"):  # the daemon's longest frame send and tc change
+        out["longest_call_ms"] = daemon["longest_call_ms"]
+    if daemon.get("gc_full"):  # the daemon's full garbage collections while it served pauses
+        out["gc_full"] = daemon["gc_full"]
+    stages = daemon.get("stage_max")
+    if stages:  # each stage's longest over all pauses, whichever pause it was
+        out["stage_max_ms"] = {k.removesuffix("_s"): round(v * 1e3, 3) for k, v in stages.items()}
     return out
 
 

@@ -100,6 +100,14 @@ def summary_rows(s: dict) -> list[Row]:
             if sw.get("headroom_overruns"):  # only when fabric-emu paused late: see the fidelity warning
                 add("frames past the PFC headroom (late pauses)", f"{sw['headroom_overruns']:,}", "")
     rows += _storm_rows(s)
+    for o in s.get("controller_outages", []):
+        if o.get("resynced"):
+            w = o["warm_start"]
+            add(f"controller outage ({o['cause']}, at {o['down_fabric_us']:,.0f} us)",
+                f"{o['outage_fabric_us']:,.0f} us",
+                f"{o['outage_s']:.2f} s; resync sent {w['messages']} msgs, {w['flows_deleted']} flow deletions")
+        else:
+            add(f"controller outage ({o['cause']}, at {o['down_fabric_us']:,.0f} us)", "not back by the end", "")
     if "transport" in s:
         tr = s["transport"]
         add("RC: retransmitted pkts / NAKs / timeouts",
@@ -111,6 +119,9 @@ def summary_rows(s: dict) -> list[Row]:
         if tr["min_qp_rate_gbps"] is not None:
             add("DCQCN: QPs slowed, lowest rate",
                 f"{tr['qps_rate_limited']}, {tr['min_qp_rate_gbps']:.1f} Gb/s", "")
+        if "scale_up_bytes" in tr:  # inside servers: modelled, no packets (docs/scale-up.md)
+            add("scale-up transfers / bytes (modelled)",
+                f"{tr['scale_up_transfers']:,} / {tr['scale_up_bytes']:,}", "")
     fid = s.get("fidelity", {})
     if fid.get("cpu_busy_max") is not None:
         add("CPU busy (mean / max)", f"{fid['cpu_busy_mean']:.0%} / {fid['cpu_busy_max']:.0%}", "")

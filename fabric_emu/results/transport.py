@@ -24,6 +24,7 @@ def transport_section(plan: FabricPlan, agents: dict[str, dict], switch_drops: i
     out: dict = {}
     if agents:
         tr = transport_totals(agents)
+        tr.update(scale_up_totals(agents))
         if switch_drops is not None:
             # Data packets no receiver saw that no switch queue counted as dropped.
             tr["unexplained_loss_packets"] = max(0, tr["lost_packets"] - switch_drops)
@@ -108,8 +109,19 @@ def transport_totals(agents: dict[str, dict]) -> dict:
     }
 
 
+def scale_up_totals(agents: dict[str, dict]) -> dict:
+    """Transfers inside servers, modelled by the NIC engines (no packets): their count and
+    bytes, as the receivers counted them; nothing when no host is a GPU of a server."""
+    su = [a["scale_up"] for a in agents.values() if a.get("scale_up")]
+    if not su:
+        return {}
+    return {"scale_up_transfers": sum(s.get("received", 0) for s in su),
+            "scale_up_bytes": sum(s.get("received_bytes", 0) for s in su)}
+
+
 def nic_rows(agents: dict[str, dict]) -> dict[str, dict]:
-    """Per host: CNPs sent and received, and RC recovery counters."""
+    """Per host: CNPs sent and received, RC recovery counters, and for a GPU of a server its
+    scale-up bytes sent and received (modelled)."""
     rows = {}
     for h, a in agents.items():
         send, recv = a.get("send_qps", []), a.get("recv_qps", [])
@@ -118,6 +130,9 @@ def nic_rows(agents: dict[str, dict]) -> dict[str, dict]:
                    "retransmitted": sum(q.get("retransmitted", 0) for q in send),
                    "naks": sum(q.get("naks", 0) for q in send),
                    "timeouts": sum(q.get("timeouts", 0) for q in send)}
+        if su := a.get("scale_up"):
+            rows[h].update(scale_up_bytes_sent=su.get("sent_bytes", 0),
+                           scale_up_bytes_received=su.get("received_bytes", 0))
     return rows
 
 

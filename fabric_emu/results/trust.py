@@ -8,25 +8,29 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from fabric_emu.measure.counters import PortCounters
-from fabric_emu.measure.fidelity import verdict
+from fabric_emu.measure.fidelity import scale_up_note, verdict
 from fabric_emu.ports.model import settings_of
 from fabric_emu.results.switch import daemon_warnings, lossless_warnings
 from fabric_emu.spec.experiment import ExperimentSpec
+from fabric_emu.state.supervise import when
 
 
 def trust_section(spec: ExperimentSpec, cpu: dict, agents: dict[str, dict], ports: list[PortCounters],
                   events: list[dict], daemon: dict, reaction: dict | None, unexplained: int,
-                  deadlocked: bool = False) -> dict:
+                  deadlocked: bool = False, fault: str | None = None, restarts: list[dict] = ()) -> dict:
     """summary.json's `fidelity` key, and `cpu` when the machine was sampled.
 
     cpu: the CPU monitor's report; events: the scheduled events that fired; daemon: the PFC
     daemon's report and reaction its summary (results.switch); unexplained: data packets lost
-    where no switch counter saw them (results.transport)."""
+    where no switch counter saw them (results.transport); fault: the error of a run a dead part
+    ended (its undelivered packets are that part's doing, not the machine's: no "raise the
+    dilation"); restarts: the parts the supervisor brought back (fabric_emu.state.supervise)."""
     late = engine_lateness(agents)
     links_failed = any(e.get("kind") == "link" and e.get("state") == "down" and e.get("ok") for e in events)
     # A link taken down loses what was on it, where no switch queue counts it: expected. A run
     # that ended deadlocked lost nothing: what was not delivered is held in the paused buffers.
-    warnings = verdict(cpu, list(late.values()), 0 if links_failed or deadlocked else unexplained)
+    warnings = verdict(cpu, list(late.values()), 0 if links_failed or deadlocked or fault else unexplained)
+    warnings += restart_warnings(restarts)
     reorder = reordering_warning(spec.load_balancing, agents, links_failed)
     if reorder and not links_failed:
         warnings.append(reorder)
@@ -35,16 +39,20 @@ def trust_section(spec: ExperimentSpec, cpu: dict, agents: dict[str, dict], port
         warnings += lossless_warnings(ports, asdict(ecn), pfc, reaction)
         warnings += daemon_warnings(daemon)
     note = None
-    if deadlocked and unexplained:
+    if fault and unexplained:
+        note = (f"{unexplained} packet(s) sent were not delivered: the run was cut short ({fault})")
+    elif deadlocked and unexplained:
         note = (f"{unexplained} packet(s) sent were not delivered: the run ended in a PFC deadlock "
                 "and they are held in its paused buffers (see deadlocks)")
     elif links_failed and unexplained:
         note = (f"{unexplained} packet(s) were lost where no switch counter saw them: on the "
                 "link(s) taken down, with what their queues held (RC resent them)")
+    notes = [note] if note else []
+    if su := scale_up_note(agents):
+        notes.append(su)
     machine = {k: v for k, v in cpu.items() if k.startswith("cpu_")}
     if kd := cpu.get("kernel_datapath"):  # no forwarding thread: the busiest CPU's softirq share
         machine["kernel_datapath_softirq_max"] = kd.get("softirq_busiest_cpu_max")
-    notes = [note] if note else []
     if reorder and links_failed:  # a rerouted flow may overtake itself: the fabric's doing
         notes.append(reorder)
     if leaks := daemon.get("leaks_credited"):
@@ -76,6 +84,20 @@ def reordering_warning(load_balancing: str, agents: dict[str, dict], links_faile
            "(flowlet gap too short) or a route changed"}.get(load_balancing, "a route changed")
     return (f"{sum(per_flow.values())} time(s) packets of {len(per_flow)} single-path flow(s) arrived out "
             f"of order ({why}); each cost a go-back-N resend (flows.csv rx_reordered)")
+
+
+def restart_warnings(restarts: list[dict]) -> list[str]:
+    """A part that died and was restarted: the run went on, but not as modelled meanwhile."""
+    out = []
+    for r in restarts:
+        line = (f"{r['component']} {r['how']} {when(r['at_s'])} and was restarted in {r['restarted_in_s']:.2f} s")
+        if r["kind"] == "pfc-daemon":
+            gates = r.get("gates_reopened") or []
+            line += (f"; meanwhile no pause was sent or obeyed, {len(gates)} gate(s) it held closed were"
+                     " reopened, and its pause intervals and reaction times before the restart are"
+                     " missing (pause counters are kept)")
+        out.append(line)
+    return out
 
 
 def engine_lateness(agents: dict[str, dict]) -> dict[int, float]:

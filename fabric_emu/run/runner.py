@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +34,8 @@ from fabric_emu.live.publish import RunPublisher, live_ports, manifest_path
 from fabric_emu.topo.plan import FabricPlan
 from fabric_emu.run.progress import OnProgress, ProgressEvent, RunProgress
 from fabric_emu.state.records import RunLock, RunRecord
+from fabric_emu.state.supervise import ComponentFailed, Supervisor
+from fabric_emu.run.supervise import ensure_ovs, ovs_back_after_death, run_supervisor
 from fabric_emu.results.pfcwd import pfcwd_rows
 from fabric_emu.results.switch import pause_rows
 from fabric_emu.results.summary import build_summary
@@ -77,6 +78,7 @@ class Runner:
         self.on_progress = on_progress  # told each phase, and the traffic's progress (fabric_emu.api)
         self.run_dir: Path | None = None  # the results folder, once made
         self.error: str | None = None  # why the run failed, if it did
+        self.supervisor: Supervisor | None = None  # the run's parts, watched while traffic flows
         self._started = time.monotonic()
 
     def _phase(self, phase: str, text: str = "", fraction: float | None = None) -> None:
@@ -98,6 +100,10 @@ class Runner:
         if not lock.acquire():
             return self._refuse("another fabric-emu run is in progress on this machine")
         try:
+            try:  # clean_stale and the build need it; a run that killed it left it down
+                ensure_ovs(self.say)
+            except RuntimeError as e:
+                return self._refuse(str(e))
             removed, _ = clean_stale()
             if removed:
                 self.say(f"removed {len(removed)} leftovers of an earlier run that did not finish")
@@ -130,9 +136,7 @@ class Runner:
         started = time.time()
         run_dir = self.run_dir = self.open_results(started)
         record = RunRecord.new(f"{results.utc_stamp(started)}-{os.getpid()}")
-        workdir = Path(tempfile.mkdtemp(prefix="fabric-emu-"))
-        record.paths = [str(workdir)]
-        record.save()
+        workdir = record.new_workdir()
         self.say(f"run {record.run_id}: {self.plan.name}, {len(self.plan.switches)} switches, "
                  f"{len(self.plan.hosts)} hosts; results in {run_dir}")
 
@@ -147,6 +151,8 @@ class Runner:
             state["status"] = self.traffic["status"]
         except Interrupted as e:
             state.update(status="incomplete", error=f"interrupted ({e})")
+        except ComponentFailed as e:  # a part of the run died: what was measured is kept
+            state.update(status="failed", error=str(e), fault=e.kind)
         except Exception as e:  # noqa: BLE001 - every failure still tears down and reports
             state.update(status="failed", error=f"{type(e).__name__}: {e}")
             if debug:
@@ -163,6 +169,8 @@ class Runner:
 
         if self.routed is not None and self.routed.pfc_stats:
             self.traffic["pfc_daemon"] = self.routed.pfc_stats
+        if self.supervisor is not None and self.supervisor.restarts:
+            self.traffic["restarts"] = self.supervisor.restarts
         self._phase("results", str(run_dir))
         code = self.write_results(run_dir, state, started, record.run_id)
         self._phase("done", state["status"])
@@ -285,6 +293,7 @@ class Runner:
         from fabric_emu.fabric.events import EventRunner
         from fabric_emu.nic.launch import run_agents
 
+        self.supervisor = supervisor = run_supervisor(self.routed, self.live)
         alone = self._jobs_alone(record, workdir) if len(self.spec.workloads) > 1 and self.spec.jobs_alone else {}
         lossless = self.routed.ports
         lossless.reset_high_water()  # this run's deepest queues only, also in a lab's later runs
@@ -293,14 +302,17 @@ class Runner:
         self.live.traffic_started(before)
         t = time.monotonic()
         cut_short: BaseException | None = None
+        keeper = self._controller_keeper(record)
         events = EventRunner(self.spec.events, self.plan.dilation, self.routed.ctrl.rest_url,
-                             self.routed.fabric.set_link, self.routed.fabric.set_link_rate, lossless.set_storm)
+                             self.routed.fabric.set_link, self.routed.fabric.set_link_rate, lossless.set_storm,
+                             keeper.act)
         background = Background(self.spec.background, self.routed.fabric, self.plan, record)
         background.prepare()
         progress = self._progress(lossless.to_hosts)
 
         def on_go(go: float) -> None:  # events, background traffic and the progress bar count from GO
             lossless.traffic_starts(go)
+            keeper.start_watching(go)
             self._on_go(events, go)
             background.start(go)
             progress.start(go)
@@ -308,21 +320,25 @@ class Runner:
         with CpuMonitor(processes=self._watched(), datapath=datapath_of(self.plan.extra)) as cpu, counters.QueueSampler(
                 self.plan, lossless.backlogs_now, lossless.paused_now) as queues, progress, DeadlockSampler(
                 lossless.waits_now) as waits:
+            keeper.on_new_pid = cpu.watch
             try:  # the NIC engines register with cpu.watch as they start
                 agents = run_agents(self.spec, self.plan, self.ranks, self.routed.fabric, record,
                                     workdir, self.say, watch=cpu.watch, info=self.nic_info,
-                                    on_go=on_go)
-            except Interrupted as e:
+                                    on_go=on_go, supervisor=supervisor)
+            except (Interrupted, ComponentFailed) as e:
                 agents, cut_short = getattr(e, "agent_stats", {}), e
             finally:
                 fired = events.stop()
+                outages = keeper.stop()
                 lossless.end_storms()
                 flows_behind = background.stop()
                 lb_state = events.final_state()
         self.times["traffic"] = time.monotonic() - t
         ended_monotonic = time.monotonic()
         port_after = lossless.counters()
-        ports = counters.delta(counters.snapshot(self.plan, port_after), before)
+        # OVS died: its OpenFlow counters (and traces) went with it; the rest is still measured.
+        ovs_gone = isinstance(cut_short, ComponentFailed) and cut_short.kind == "ovs"
+        ports = [] if ovs_gone else counters.delta(counters.snapshot(self.plan, port_after), before)
         nics = counters.nic_totals(self.plan, port_before, port_after)
         self.live.traffic_ended([p.row(self.plan.dilation) for p in ports],
                                 lossless.maps.table if lossless.maps is not None else None)
@@ -332,15 +348,23 @@ class Runner:
             row.ttl_expired = int(ttl.get(row.switch, {}).get(str(row.port), 0))
         queues.shift(self._go_monotonic({"agents": agents, "traffic_start": queues.start}))
         ok = agents and all(a.get("status") == "ok" for a in agents.values())
-        if self.spec.load_balancing == "ecmp":  # spraying QPs take every uplink, no one path
+        if self.spec.load_balancing == "ecmp" and not ovs_gone:  # spraying QPs take every uplink, no one path
             self.routed.fabric.annotate_uplinks(agents)
         self.traffic = {"status": "ok" if ok and not cut_short else "incomplete", "agents": agents,
                         "ports": ports, "queues": queues.rows, "cpu": cpu.summary(),
                         "traffic_start": t, "thresholds": lossless.installed(), "nics": nics,
                         "events": fired, "lb": lb_state, "alone": alone, "background": flows_behind,
-                        "ended_monotonic": ended_monotonic, "waits": waits.samples}
+                        "ended_monotonic": ended_monotonic, "waits": waits.samples,
+                        "controller_outages": outages}
         if cut_short is not None:
             raise cut_short
+
+    def _controller_keeper(self, record: RunRecord):
+        """Restarts the controller on `controller:` events, and whenever it dies on its own
+        during the traffic phase (fabric_emu.fabric.keeper)."""
+        from fabric_emu.fabric.keeper import ControllerKeeper
+
+        return ControllerKeeper(self.routed.ctrl, record, self.plan.dilation, self.say)
 
     def _jobs_alone(self, record: RunRecord, workdir: Path) -> dict[str, float]:
         """Each job run by itself before they run together (with the background traffic, if
@@ -353,7 +377,9 @@ class Runner:
         for job in jobs.resolve_jobs(self.spec, self.plan):
             spec = self.spec.model_copy(update={
                 "workloads": [job.workload.model_copy(update={"name": job.name})], "events": []})
-            ranks = [h.name for h in self.plan.hosts if h.name in set(job.hosts)]
+            program = jobs.build_program(jobs.resolve_jobs(spec, self.plan))
+            # the job's NICs, and PXN's relays (GPUs of its servers that forward its messages)
+            ranks = [h.name for h in self.plan.hosts if h.name in set(program.hosts)]
             sub = workdir / f"alone-{job.name}"
             sub.mkdir()
             self.say(f"job {job.name} alone first")
@@ -361,10 +387,9 @@ class Runner:
             background.prepare()
             try:
                 stats = run_agents(spec, self.plan, ranks, self.routed.fabric, record, sub, self.say,
-                                   on_go=background.start)
+                                   on_go=background.start, supervisor=self.supervisor)
             finally:
                 background.stop()
-            program = jobs.build_program(jobs.resolve_jobs(spec, self.plan))
             times = jobs.op_times(program, {h: a.get("ops") or [] for h, a in stats.items()})
             bounds = jobs.step_bounds(program, times, job.name)
             if bounds is not None:
@@ -374,13 +399,12 @@ class Runner:
     def _progress(self, to_hosts: Callable[[], tuple[int, int]]) -> RunProgress:
         """The bar of a long run on a terminal (a no-op otherwise)."""
         from fabric_emu.workloads import jobs
-        from fabric_emu.workloads.program import RECV
 
         rate = self.plan.host_rate_bps(self.ranks[0])
         if jobs.uses_program(self.spec):
             program = jobs.build_program(jobs.resolve_jobs(self.spec, self.plan))
             line_rate_s = jobs.line_rate_s(program, rate, self.plan.dilation)
-            planned = sum(o.nbytes for o in program.ops if o.kind == RECV)
+            planned = jobs.fabric_bytes(program)  # what the NICs' receive QPs will count
         else:
             hosts = [h.name for h in self.plan.hosts]
             line_rate_s = workload_line_rate_s(self.spec.workload, self.ranks, hosts, rate, self.plan.dilation)
@@ -405,6 +429,7 @@ class Runner:
         if self.captures is not None:
             self.captures.stop(run_dir)
         if self.routed is not None:
+            ovs_back_after_death(self.say)  # else tearing its bridges down would hang
             for problem in self.routed.down():
                 self.say(f"{problem}; cleaning from the run record")
         keep_logs(workdir, run_dir)

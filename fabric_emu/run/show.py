@@ -13,6 +13,7 @@ from fabric_emu.workloads.jobs import build_program, placement_rows, resolve_job
 from fabric_emu.topo.plan import FabricPlan
 from fabric_emu.workloads.training import bubble_fraction
 from fabric_emu.workloads.flows import flows_line_rate_s, workload_flows
+from fabric_emu.workloads.program import SCALE_UP
 from fabric_emu.spec.units import format_rate, format_size
 
 
@@ -38,6 +39,7 @@ def print_plan(out: Console, plan: FabricPlan, exp: ExperimentSpec | None, ranks
     for h in plan.hosts:
         t.add_row(h.name, h.ip, h.mac, f"{h.leaf} port {h.leaf_port}")
     out.print(t)
+    print_servers(out, plan)
     print_leaf_paths(out, plan)
 
     if exp is None or ranks is None:
@@ -217,6 +219,18 @@ def print_dilation_auto(out: Console, auto: dict) -> None:
         out.print(f"  NIC: {nic['what']}", soft_wrap=True, highlight=False, markup=False)
 
 
+def print_servers(out: Console, plan: FabricPlan) -> None:
+    """Multi-GPU servers: each one's GPUs (hosts, GPU 0 first), their leaves and scale-up domain."""
+    if not plan.servers:
+        return
+    t = Table("server", "GPUs (hosts, GPU 0 first)", "leaves", "scale-up (modelled)", title="servers")
+    for srv in plan.servers:
+        leaves = list(dict.fromkeys(plan.host_by_name[h].leaf for h in srv.hosts))
+        t.add_row(srv.name, " ".join(srv.hosts), " ".join(leaves),
+                  f"{format_rate(srv.gbps * 1e9)} per GPU each way, {srv.latency_s * 1e6:g} us")
+    out.print(t)
+
+
 def print_jobs(out: Console, plan: FabricPlan, exp: ExperimentSpec, ranks: list[str]) -> None:
     """The jobs of a program run: what each does, on which hosts; a grid job's placement as a
     table of hosts per leaf."""
@@ -227,9 +241,10 @@ def print_jobs(out: Console, plan: FabricPlan, exp: ExperimentSpec, ranks: list[
               f"load balancing {exp.load_balancing}, seed {exp.seed}")
     for j in js:
         w = j.workload
-        sent = sum(o.nbytes for o in program.ops if o.job == j.name and o.kind == "send")
-        across = sum(o.nbytes for o in program.ops if o.job == j.name and o.kind == "send"
-                     and leaf_of[program.channels[o.channel].src] != leaf_of[program.channels[o.channel].dst])
+        sends = [(o, program.channels[o.channel]) for o in program.ops if o.job == j.name and o.kind == "send"]
+        sent = sum(o.nbytes for o, c in sends if not c.relay)  # a PXN relay forwards a message sent
+        across = sum(o.nbytes for o, c in sends if c.via != SCALE_UP and leaf_of[c.src] != leaf_of[c.dst])
+        inside = sum(o.nbytes for o, c in sends if c.via == SCALE_UP)
         if j.roles is not None:
             workers, servers = j.roles
             what = (f"{w.type} ({w.mode}, staleness {w.staleness_bound}): {len(workers)} workers push "
@@ -243,10 +258,14 @@ def print_jobs(out: Console, plan: FabricPlan, exp: ExperimentSpec, ranks: list[
                     if w.type == "training" else f"{len(w.stages)} stages, ")
             what = (f"{w.type}: {dims}{w.microbatches} microbatches ({w.schedule}), "
                     f"{w.iterations} step(s); ideal bubble {bubble_fraction(len(j.grid[0]), w.microbatches):.3f}")
+        scale_up = f", {format_size(inside)} inside servers (scale-up)" if j.domains is not None else ""
         out.print(f"job [bold]{j.name}[/]: {what}; {format_size(sent)} sent, "
-                  f"{format_size(across)} across leaves")
+                  f"{format_size(across)} across leaves{scale_up}")
         if j.grid is not None:
-            t = Table("leaf", "host", "dp", "pp (stage)", "tp", title=f"{j.name}: placement")
+            servers = j.domains is not None
+            t = Table("leaf", *(["server"] if servers else []), "host", "dp", "pp (stage)", "tp",
+                      title=f"{j.name}: placement")
             for r in placement_rows(j, leaf_of):
-                t.add_row(r["leaf"], r["host"], str(r["dp"]), str(r["pp"]), str(r["tp"]))
+                t.add_row(r["leaf"], *([r["server"]] if servers else []), r["host"], str(r["dp"]), str(r["pp"]),
+                          str(r["tp"]))
             out.print(t)

@@ -31,7 +31,9 @@ class EventSpec(Strict):
     (x dilation on the wall clock): a change of load-balancing mode, or a fabric link going
     down or coming back (`link: leaf1-spine2`, `state: down|up`), or changing its rate
     (`gbps: 25`), or a host NIC starting or ending a PFC storm (`nic: h3`, `pfc_storm: on|off`:
-    it stops draining and pauses its leaf with full quanta, refreshed, never resuming it)."""
+    it stops draining and pauses its leaf with full quanta, refreshed, never resuming it), or the
+    controller crashing (`controller: restart`: killed, and a new one started at once, which
+    resynchronises from the switches' tables; `stop` and `start` leave a gap between)."""
 
     at: Seconds = Field(ge=0, le=3600, description="modelled time from the start of traffic")
     load_balancing: Optional[Literal["ecmp", "dlb", "spray"]] = Field(
@@ -44,6 +46,8 @@ class EventSpec(Strict):
     nic: Optional[HostName] = Field(default=None, description="a host whose NIC starts or ends a PFC storm")
     pfc_storm: Annotated[Optional[Literal["on", "off"]], BeforeValidator(_on_off)] = Field(
         default=None, description="on: the NIC stops draining and pauses its leaf for ever; off: it recovers")
+    controller: Optional[Literal["restart", "stop", "start"]] = Field(
+        default=None, description="the controller process is killed (stop), started again (start), or both (restart)")
 
     @field_validator("load_balancing")
     @classmethod
@@ -56,8 +60,9 @@ class EventSpec(Strict):
     def _one_thing(self):
         if (self.nic is None) != (self.pfc_storm is None):
             raise ValueError("a storm event takes nic and pfc_storm (on or off)")
-        if sum(x is not None for x in (self.load_balancing, self.link, self.nic)) != 1:
-            raise ValueError("an event takes one of load_balancing, link (with state or gbps), nic (with pfc_storm)")
+        if sum(x is not None for x in (self.load_balancing, self.link, self.nic, self.controller)) != 1:
+            raise ValueError("an event takes one of load_balancing, link (with state or gbps), nic (with pfc_storm), "
+                             "controller (restart, stop or start)")
         if self.link is not None and (self.state is None) == (self.gbps is None):
             raise ValueError("a link event takes link and either state (up or down) or gbps")
         if self.link is None and (self.state is not None or self.gbps is not None):
@@ -68,6 +73,8 @@ class EventSpec(Strict):
     def kind(self) -> str:
         if self.nic is not None:
             return "pfc_storm"
+        if self.controller is not None:
+            return "controller"
         return "load_balancing" if self.load_balancing is not None else "link"
 
 

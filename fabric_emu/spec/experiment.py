@@ -13,7 +13,7 @@ from fabric_emu.spec.lb import IMPLEMENTED_LB, DlbSpec, SpraySpec
 from fabric_emu.spec.lossless import EcnSpec, PfcSpec, resolve_thresholds
 from fabric_emu.spec.pfcwd import PfcwdSpec
 from fabric_emu.spec.routing import FailoverSpec, PathSpec
-from fabric_emu.spec.topology import Topology
+from fabric_emu.spec.topology import Topology, servers_of
 from fabric_emu.spec.transport import DcqcnSpec, TransportSpec
 from fabric_emu.spec.workloads import JobWorkload, Workload
 
@@ -56,6 +56,10 @@ class ExperimentSpec(Strict):
         default=FailoverSpec(), description="global | local, or {mode, convergence}: how switches route around a failed link")
     events: list[EventSpec] = Field(default_factory=list, max_length=1000,
                                     description="changes during the run, at modelled times from the start of traffic")
+    pxn: bool = Field(default=True, description="rail-optimized fabrics with servers: a transfer to a GPU on "
+                                                "another rail of another server first crosses the sender's "
+                                                "server to its GPU on that rail (NCCL's PXN); false: it "
+                                                "crosses between rails in the fabric")
     datapath: Literal["auto", "kernel", "userspace"] = Field(
         default="auto", description="Open vSwitch's datapath for the switches: kernel (openvswitch.ko, "
                                     "forwarding in softirq), userspace (ovs-vswitchd's thread) or auto (the "
@@ -165,6 +169,25 @@ class ExperimentSpec(Strict):
                              f"dlb handles up to 16 uplinks per leaf; this fabric has "
                              f"{self.topology.spines} spines (use ecmp or spray)", self.load_balancing)
         return self
+
+    @model_validator(mode="after")
+    def _allreduce_algorithm(self):
+        """An all-reduce without an algorithm is hierarchical on a fabric of multi-GPU servers (as
+        NCCL picks), else a ring; hierarchical needs servers."""
+        servers = servers_of(self.topology) is not None
+        fixed = []
+        for i, w in enumerate(self.jobs):
+            if w.type == "allreduce" and w.algorithm is None:
+                w = w.model_copy(update={"algorithm": "hierarchical" if servers else "ring"})
+            elif w.type == "allreduce" and w.algorithm == "hierarchical" and not servers:
+                loc = ("workload",) if self.workload is not None else ("workloads", i)
+                raise problem_at("ExperimentSpec", (*loc, "algorithm"),
+                                 "hierarchical needs multi-GPU servers (topology.servers); allowed here: "
+                                 "ring, halving-doubling", w.algorithm)
+            fixed.append(w)
+        if self.workload is not None:
+            return self.model_copy(update={"workload": fixed[0]})
+        return self.model_copy(update={"workloads": fixed})
 
     @property
     def jobs(self) -> list[Workload]:

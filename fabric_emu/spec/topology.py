@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import BeforeValidator, Discriminator, Field, Tag, WithJsonSchema, field_validator, model_validator
 
 from fabric_emu.spec.errors import problem_at
-from fabric_emu.spec.fields import NAME_HELP, NAME_RE, Bytes, Strict
+from fabric_emu.spec.fields import NAME_HELP, NAME_RE, Bytes, Seconds, Strict
 
 
 class LinkSpec(Strict):
@@ -61,6 +61,40 @@ class TopologyBase(Strict):
         return max(self.host_link.gbps, self.fabric_link.gbps)
 
 
+class ScaleUpSpec(Strict):
+    """A server's scale-up domain (NVLink/NVSwitch-class): modelled inside the server, no packets."""
+
+    gbps: float = Field(default=3600, gt=0, le=100_000,
+                        description="modelled bandwidth per GPU and direction in Gb/s (NVLink 4: 3600)")
+    latency: Seconds = Field(default=1e-6, ge=0, le=0.01, description="modelled start-up latency of one transfer")
+
+
+class ServersSpec(Strict):
+    """Multi-GPU servers: each GPU has its own NIC (a host: h1.., or srv<s>n<r> on rail-optimized
+    fabrics) and a server's GPUs share a scale-up domain. Servers are srv1.. in host order."""
+
+    gpus: Optional[int] = Field(default=None, ge=1, le=64,
+                                description="GPUs (NICs) per server; consecutive hosts under one leaf "
+                                            "(rail-optimized: nics_per_server, the default)")
+    scale_up: ScaleUpSpec = Field(default=ScaleUpSpec(), description="the GPUs' scale-up domain")
+
+
+def _gpus_fit(model: str, servers: Optional[ServersSpec], per_leaf: int, what: str) -> None:
+    """A server sits under one leaf: its GPUs must divide the leaf's hosts."""
+    if servers is None:
+        return
+    if servers.gpus is None:
+        raise problem_at(model, ("servers", "gpus"), f"required: GPUs per server (a divisor of {what}, {per_leaf})",
+                         None)
+    if per_leaf % servers.gpus:
+        raise problem_at(model, ("servers", "gpus"),
+                         f"{servers.gpus} does not divide {what} ({per_leaf}); a server's GPUs sit under one leaf",
+                         servers.gpus)
+
+
+SERVERS_HELP = "multi-GPU servers with a scale-up domain (default: none, every host a server of its own)"
+
+
 TOPOLOGY_KINDS = ("leaf-spine", "fat-tree", "rail-optimized", "custom")
 UNKNOWN_KIND = f"allowed: {', '.join(TOPOLOGY_KINDS)}"
 KIND_HELP = f"the fabric's kind: {', '.join(TOPOLOGY_KINDS)}"
@@ -73,6 +107,7 @@ class LeafSpineSpec(TopologyBase):
     spines: int = Field(ge=1, le=64, description="spine switches (spine1..spineS); every leaf connects to each")
     leaves: int = Field(ge=1, le=200, description="leaf switches (leaf1..leafL)")
     hosts_per_leaf: int = Field(ge=1, le=200, description="hosts under each leaf (h1..hN, numbered leaf by leaf)")
+    servers: Optional[ServersSpec] = Field(default=None, description=SERVERS_HELP)
 
     @field_validator("kind", mode="before")
     @classmethod
@@ -87,6 +122,11 @@ class LeafSpineSpec(TopologyBase):
     def host_count(self) -> int:
         return self.leaves * self.hosts_per_leaf
 
+    @model_validator(mode="after")
+    def _servers_fit(self):
+        _gpus_fit("LeafSpineSpec", self.servers, self.hosts_per_leaf, "hosts_per_leaf")
+        return self
+
 
 class FatTreeSpec(TopologyBase):
     """A k-ary three-tier fat-tree (Al-Fares et al. 2008): (k/2)^2 core switches; k pods of k/2
@@ -95,6 +135,7 @@ class FatTreeSpec(TopologyBase):
     kind: Literal["fat-tree"] = Field(description=KIND_HELP)
     # At most 12: the port datapath maps up to 4095 link ends (k=12 has 2,592, k=14 4,116).
     k: int = Field(ge=4, le=12, description="switch radix: an even number from 4 to 12")
+    servers: Optional[ServersSpec] = Field(default=None, description=SERVERS_HELP)
 
     @field_validator("k")
     @classmethod
@@ -107,6 +148,11 @@ class FatTreeSpec(TopologyBase):
     def host_count(self) -> int:
         return self.k ** 3 // 4
 
+    @model_validator(mode="after")
+    def _servers_fit(self):
+        _gpus_fit("FatTreeSpec", self.servers, self.k // 2, "an edge switch's hosts, k/2")
+        return self
+
 
 class RailOptimizedSpec(TopologyBase):
     """Servers with several NICs, in groups: NIC n of every server of a group connects to the
@@ -117,10 +163,22 @@ class RailOptimizedSpec(TopologyBase):
     servers_per_group: int = Field(ge=1, le=64, description="servers in each group")
     nics_per_server: int = Field(ge=1, le=8, description="NICs per server = rail leaves per group")
     spines: int = Field(ge=1, le=64, description="spine switches; every rail leaf connects to each")
+    servers: Optional[ServersSpec] = Field(
+        default=None, description="the servers' scale-up domain (GPU r of every server is NIC r, on rail r; "
+                                  "default: none, NICs only reach each other through the fabric)")
 
     @property
     def host_count(self) -> int:
         return self.groups * self.servers_per_group * self.nics_per_server
+
+    @model_validator(mode="after")
+    def _servers_fit(self):
+        srv = self.servers
+        if srv is not None and srv.gpus is not None and srv.gpus != self.nics_per_server:
+            raise problem_at("RailOptimizedSpec", ("servers", "gpus"),
+                             f"{srv.gpus} is not nics_per_server ({self.nics_per_server}); on a rail-optimized "
+                             "fabric every GPU has its own NIC on its own rail (leave gpus out)", srv.gpus)
+        return self
 
 
 # Names of a custom fabric's switches and hosts: short enough that <name>-eth<port> fits Linux's
@@ -180,6 +238,14 @@ class CustomSpec(TopologyBase):
                                         description="the hosts, each with one NIC on one switch")
     links: list[CustomLinkSpec] = Field(default=[], max_length=MAX_LINK_ENDS // 2,
                                         description="links between two switches (at most one per pair)")
+    servers: Optional[ServersSpec] = Field(default=None, description="not on custom fabrics (single-NIC hosts)")
+
+    @field_validator("servers")
+    @classmethod
+    def _no_servers(cls, v):
+        if v is not None:
+            raise ValueError("custom fabrics have single-NIC hosts (servers: on leaf-spine, fat-tree, rail-optimized)")
+        return v
 
     @property
     def host_count(self) -> int:
@@ -281,6 +347,11 @@ class CustomSpec(TopologyBase):
 
 
 TopologySpec = LeafSpineSpec  # the default kind's model, under its first name
+
+
+def servers_of(topo: TopologyBase) -> Optional[ServersSpec]:
+    """A topology's multi-GPU servers, if it has them (custom fabrics do not)."""
+    return getattr(topo, "servers", None)
 
 
 def _topology_kind(v: Any) -> str:

@@ -40,8 +40,10 @@ class AllReduceWorkload(_Collective):
     """All-reduce: every rank ends with the sum of every rank's S bytes."""
 
     type: Literal["allreduce"] = Field(description="the workload's type")
-    algorithm: Literal["ring", "halving-doubling"] = Field(
-        default="ring", description="ring, or halving-doubling (a power of two ranks)")
+    algorithm: Optional[Literal["ring", "halving-doubling", "hierarchical"]] = Field(
+        default=None, description="ring, halving-doubling (a power of two ranks) or hierarchical (multi-GPU "
+                                  "servers: inside each server, across servers, inside again, as NCCL does); "
+                                  "default: hierarchical on a fabric with servers, else ring")
 
 
 class CollectiveWorkload(_Collective):
@@ -102,7 +104,8 @@ class TrainingWorkload(_Passes):
     dp: int = Field(default=1, ge=1, le=256, description="data-parallel replicas")
     placement: Union[Literal["topology-aware", "naive"], list[HostName]] = Field(
         default="topology-aware",
-        description="topology-aware (each TP group under one leaf, a replica's stages next to each other), "
+        description="topology-aware (each TP group inside a server, or under one leaf with single-NIC hosts; "
+                    "a replica's stages on different servers, next to each other; replicas across the fabric), "
                     "naive (hosts in host order, the data-parallel index fastest), or tp x pp x dp host "
                     "names (rank t + tp(s + pp d) on the r-th host)")
     tp_allreduce_size: Bytes = Field(default=0, ge=0, le=10 * 10**9,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -81,6 +82,15 @@ class RunRecord:
     def save(self) -> None:
         RUNS_DIR.mkdir(parents=True, exist_ok=True)
         write_atomic(self.path, json.dumps(asdict(self), indent=1))
+
+    def new_workdir(self, prefix: str = "fabric-emu-") -> Path:
+        """The run's temporary folder, named in the record (saved) before it is created: a kill
+        at any moment leaves no folder that no record names (the run id makes the name unique)."""
+        path = Path(tempfile.gettempdir()) / f"{prefix}{self.run_id}"
+        self.paths.append(str(path))
+        self.save()
+        path.mkdir(mode=0o700)
+        return path
 
     def add_process(self, pid: int, role: str) -> None:
         self.add_processes([(pid, role)])

@@ -38,7 +38,7 @@ from functools import cached_property
 import networkx as nx
 
 from fabric_emu.spec.topology import (MAX_IFNAME, CustomSpec, FatTreeSpec, LeafSpineSpec, RailOptimizedSpec,
-                                      TopologyBase)
+                                      TopologyBase, servers_of)
 
 # Bytes that RoCEv2 adds around the payload inside an IP packet: IPv4 20, UDP 8, BTH 12,
 # RETH 16 (first packet of a WRITE), ICRC 4. Used to pick the RoCE path MTU (iboe_get_mtu).
@@ -289,8 +289,25 @@ def build_plan(topo: TopologyBase, dilation: float | None = None) -> FabricPlan:
         raise ValueError(f"interface names longer than {MAX_IFNAME} characters: {', '.join(long[:3])}")
     return FabricPlan(
         name=topo.name, kind=topo.kind, dilation=d, mtu=topo.mtu, port_buffer=topo.port_buffer,
-        switches=w.switches, hosts=w.hosts, links=w.links,
+        switches=w.switches, hosts=w.hosts, links=w.links, servers=_servers(topo, w.hosts),
     )
+
+
+def _servers(topo: TopologyBase, hosts: list[Host]) -> list[Server]:
+    """The spec's multi-GPU servers, srv1.. in host order: `gpus` consecutive hosts each (under
+    one leaf: the spec checks); on rail-optimized fabrics server s's NICs srv<s>n1.. (GPU r-1
+    is NIC r, on rail r)."""
+    spec = servers_of(topo)
+    if spec is None:
+        return []
+    gbps, latency = spec.scale_up.gbps, spec.scale_up.latency
+    if isinstance(topo, RailOptimizedSpec):
+        n = topo.nics_per_server
+        return [Server(f"srv{s}", tuple(f"srv{s}n{r}" for r in range(1, n + 1)), gbps, latency)
+                for s in range(1, topo.groups * topo.servers_per_group + 1)]
+    g = spec.gpus
+    return [Server(f"srv{i // g + 1}", tuple(h.name for h in hosts[i:i + g]), gbps, latency)
+            for i in range(0, len(hosts), g)]
 
 
 class _Wiring:

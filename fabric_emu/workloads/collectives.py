@@ -225,6 +225,52 @@ def ring_reducescatter(p: Program, job: str, hosts: Sequence[str], size: int, en
 ring_allgather = ring_reducescatter  # the same messages; only what the data means differs
 
 
+def server_groups(p: Program, hosts: Sequence[str]) -> list[list[str]] | None:
+    """The ranks grouped by server (servers in rank order, each one's ranks in GPU order), when
+    the ranks fill their servers evenly with two or more on some server; else None."""
+    d = p.domains
+    if d is None:
+        return None
+    groups: dict[str, list[str]] = {}
+    for h in hosts:
+        srv = d.server(h)
+        if srv is None:
+            return None
+        groups.setdefault(srv, []).append(h)
+    out = [sorted(g, key=d.gpu) for g in groups.values()]
+    if len({len(g) for g in out}) != 1 or len(out[0]) < 2:
+        return None
+    return out
+
+
+def hierarchical_allreduce(p: Program, job: str, hosts: Sequence[str], size: int, entry: Entry, *,
+                           stream: str = "ring", cat: str | None = None, step: int = 0, qps: int = 1) -> Exit:
+    """NCCL's all-reduce over multi-GPU servers: a ring reduce-scatter inside each server (k GPUs,
+    scale-up), a ring all-reduce of each GPU's S/k across the servers among the GPUs of the same
+    index (one ring per index, so every NIC works, each on its own rail), a ring all-gather inside
+    each server. A rank sends 2(k-1)/k S inside its server and 2(m-1)/m S/k on the fabric (m
+    servers): 2(n-1)/n S in all, as a flat ring. Ranks that do not fill their servers evenly
+    (or p.domains None) run a flat ring."""
+    groups = server_groups(p, hosts)
+    if groups is None or len(groups) == 1:
+        return ring_allreduce(p, job, hosts, size, entry, stream=stream, cat=cat, step=step, qps=qps)
+    k = len(groups[0])
+    kw = dict(stream=stream, cat=cat, step=step, qps=qps)
+    inside: Exit = {}
+    for g in groups:
+        inside.update(ring_reducescatter(p, job, g, size, entry, **kw))
+    # after k-1 steps of ring_reducescatter GPU l holds chunk l+1 reduced over its server
+    chunks = chunk_sizes(size, k)
+    across: Exit = {}
+    for local in range(k):
+        ring = [g[local] for g in groups]
+        across.update(ring_allreduce(p, job, ring, chunks[(local + 1) % k], inside, **kw))
+    out: Exit = {}
+    for g in groups:
+        out.update(ring_allgather(p, job, g, size, across, **kw))
+    return out
+
+
 def halving_doubling_segments(n: int, rank: int) -> list[tuple[int, tuple[int, int]]]:
     """Rabenseifner's reduce-scatter by recursive halving, for one rank: per step, (partner,
     (first chunk, end chunk) of what it sends). The all-gather walks these steps backwards,
@@ -300,6 +346,7 @@ def sendrecv(p: Program, job: str, hosts: Sequence[str], size: int, entry: Entry
 
 
 FRAGMENTS = {("allreduce", "ring"): ring_allreduce,
+             ("allreduce", "hierarchical"): hierarchical_allreduce,
              ("allreduce", "halving-doubling"): halving_doubling_allreduce,
              ("reducescatter", "ring"): ring_reducescatter,
              ("allgather", "ring"): ring_allgather,

@@ -22,11 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fabric_emu.spec.experiment import ExperimentSpec
+from fabric_emu.spec.topology import servers_of
 from fabric_emu.spec.workloads import (AllReduceWorkload, CollectiveWorkload, ParameterServerWorkload,
                                        PipelineWorkload, TrainingWorkload)
 from fabric_emu.topo.plan import FabricPlan, resolve_ranks
 from fabric_emu.workloads import collectives, parameter_server, training
-from fabric_emu.workloads.program import COMPUTE, RECV, Program, Times
+from fabric_emu.workloads.program import COMPUTE, FABRIC, RECV, SCALE_UP, Domains, Program, Times
 
 PROGRAM_TYPES = ("reducescatter", "allgather", "alltoall", "sendrecv", "pipeline", "training", "parameter-server")
 
@@ -47,6 +48,7 @@ class Job:
     hosts: list[str]  # in rank order (for a grid: d, s, t with t fastest; workers, then servers)
     grid: training.Grid | None = None  # pipelines and training
     roles: tuple[list[str], list[str]] | None = None  # parameter-server: (workers, servers)
+    domains: Domains | None = None  # multi-GPU servers: which transfers go across a scale-up domain
 
     @property
     def type(self) -> str:
@@ -58,7 +60,23 @@ def uses_program(spec: ExperimentSpec) -> bool:
     if spec.workloads:
         return True
     w = spec.workload
-    return w.type in PROGRAM_TYPES or (w.type == "allreduce" and w.algorithm != "ring")
+    # a ring over multi-GPU servers runs as a Program: its hops inside a server are scale-up
+    return w.type in PROGRAM_TYPES or (w.type == "allreduce" and (
+        w.algorithm != "ring" or servers_of(spec.topology) is not None))
+
+
+def domains(spec: ExperimentSpec, plan: FabricPlan) -> Domains | None:
+    """The plan's multi-GPU servers as a Program takes them; PXN on rail-optimized fabrics only
+    (elsewhere a server's GPUs share one leaf: every rail is one switch away)."""
+    if not plan.servers:
+        return None
+    return Domains({srv.name: srv.hosts for srv in plan.servers},
+                   pxn=spec.pxn and plan.kind == "rail-optimized")
+
+
+def servers_in_order(plan: FabricPlan) -> list[list[str]]:
+    """Each server's hosts in GPU order, in host order (empty for single-NIC hosts)."""
+    return [list(srv.hosts) for srv in plan.servers]
 
 
 def hosts_by_leaf(plan: FabricPlan) -> list[list[str]]:
@@ -71,11 +89,14 @@ def hosts_by_leaf(plan: FabricPlan) -> list[list[str]]:
 def resolve_jobs(spec: ExperimentSpec, plan: FabricPlan) -> list[Job]:
     """Each job with its ranks placed; raises JobError naming the field that does not fit."""
     single = spec.workload is not None
+    doms = domains(spec, plan)
     jobs = []
     for i, w in enumerate(spec.jobs):
         field = "workload" if single else f"workloads.{i}"
         name = w.name or (w.type if single else f"job{i + 1}")
-        jobs.append(_resolve(name, w, field, plan))
+        job = _resolve(name, w, field, plan)
+        job.domains = doms
+        jobs.append(job)
     return jobs
 
 
@@ -119,7 +140,7 @@ def _resolve(name: str, w, field: str, plan: FabricPlan) -> Job:
         _known(plan, f"{field}.stages", hosts)
         return Job(name, w, field, hosts, [list(w.stages)])
     try:
-        grid = training.place(w.tp, w.pp, w.dp, w.placement, hosts_by_leaf(plan))
+        grid = training.place(w.tp, w.pp, w.dp, w.placement, hosts_by_leaf(plan), servers_in_order(plan))
     except ValueError as e:
         raise JobError(f"{field}.placement", str(e)) from None
     hosts = [h for rep in grid for stage in rep for h in stage]
@@ -131,6 +152,7 @@ def build_program(jobs: list[Job]) -> Program:
     """Every job's operations in one Program (compute times modelled)."""
     p = Program()
     for job in jobs:
+        p.domains = job.domains  # Program.transfer picks scale-up, PXN or fabric by them
         w = job.workload
         if isinstance(w, (AllReduceWorkload, CollectiveWorkload)):
             collectives.collective_program(job.name, w.type, w.algorithm, job.hosts, w.size, w.iterations,
@@ -139,6 +161,7 @@ def build_program(jobs: list[Job]) -> Program:
             parameter_server.job_program(job.name, w, *job.roles, p)
         else:
             training.training_program(job.name, w, job.grid, p)
+    p.domains = None
     p.check()
     return p
 
@@ -158,9 +181,15 @@ def line_rate_s(p: Program, rate_bps: float, dilation: float) -> float:
                for h in p.hosts)
 
 
+def fabric_bytes(p: Program) -> int:
+    """Bytes the program's receivers get over the fabric (what their NICs' QPs count): scale-up
+    transfers, modelled inside servers, left out."""
+    return sum(o.nbytes for o in p.ops if o.kind == "recv" and p.channels[o.channel].via == FABRIC)
+
+
 def pairs(p: Program) -> list[tuple[str, str]]:
-    """The (src, dst) of every channel: what the fabric carries, for load estimates."""
-    return [(c.src, c.dst) for c in p.channels]
+    """The (src, dst) of every channel the fabric carries (not scale-up), for load estimates."""
+    return [(c.src, c.dst) for c in p.channels if c.via != SCALE_UP]
 
 
 # --------------------------------------------------------------------------- results
@@ -198,10 +227,14 @@ def job_results(job: Job, p: Program, times: Times, dilation: float, host_gbps: 
     """summary.json's entry for one job (times in modelled and emulated seconds)."""
     w = job.workload
     out: dict = {"name": job.name, "type": w.type, "ranks": len(job.hosts), "hosts": job.hosts}
-    out["bytes_planned"] = sum(o.nbytes for o in p.ops if o.job == job.name and o.kind == "send")
+    sends = [(o, p.channels[o.channel]) for o in p.ops if o.job == job.name and o.kind == "send"]
+    # a PXN relay's second hop carries a message already counted at its sender
+    out["bytes_planned"] = sum(o.nbytes for o, c in sends if not c.relay)
     out["bytes_across_leaves_planned"] = sum(
-        o.nbytes for o in p.ops if o.job == job.name and o.kind == "send"
-        and leaf_of[p.channels[o.channel].src] != leaf_of[p.channels[o.channel].dst])
+        o.nbytes for o, c in sends if c.via != SCALE_UP and leaf_of[c.src] != leaf_of[c.dst])
+    if job.domains is not None:
+        via = p.sent_by_via(job.name)
+        out["bytes_fabric_planned"], out["bytes_scale_up_planned"] = via["fabric"], via[SCALE_UP]
     bounds = step_bounds(p, times, job.name)
     if bounds is None:
         out["status"] = "incomplete"
@@ -226,5 +259,8 @@ def placement_rows(job: Job, leaf_of: dict[str, str]) -> list[dict]:
     for d, rep in enumerate(job.grid or []):
         for s, stage in enumerate(rep):
             for t, h in enumerate(stage):
-                rows.append({"host": h, "leaf": leaf_of[h], "dp": d, "pp": s, "tp": t})
+                row = {"host": h, "leaf": leaf_of[h], "dp": d, "pp": s, "tp": t}
+                if job.domains is not None:
+                    row["server"] = job.domains.server(h) or ""
+                rows.append(row)
     return sorted(rows, key=lambda r: (r["leaf"], r["host"]))

@@ -11,6 +11,13 @@ hosts the only link is data: the n-th send on a channel is the n-th recv at the 
 because RC delivers a queue pair's messages in order and a sender posts a channel's messages in
 their order. So a step starts exactly when the data it needs has arrived, as in NCCL.
 
+Multi-GPU servers (Domains): a transfer between two GPUs of one server goes across the server's
+scale-up domain (via SCALE_UP: modelled by the engines, no packets), as NCCL uses NVLink; every
+other transfer is RoCE through the fabric. With PXN (rail-optimized fabrics) a transfer from
+server A's GPU on rail i to server B's GPU on rail j != i is relayed: A:i -> A:j across A's
+scale-up domain, then A:j -> B:j on rail j, so it never crosses between rails in the fabric.
+Program.transfer decides this for every workload, from the Domains the job was given.
+
 Every workload (collectives, pipelines, 3D-parallel training, several jobs) is built into one
 Program (fabric_emu.workloads.collectives, training; jobs puts an experiment's jobs together);
 the NIC engines run each host's part of it (fabric_emu.nic.drivers.program) and report when each
@@ -38,6 +45,42 @@ class Channel:
     dst: str
     qps: int = 1
     via: str = FABRIC  # FABRIC: RoCE packets through the switches; SCALE_UP: modelled inside a server
+    relay: bool = False  # PXN's second hop: messages another GPU sent (counted once, as theirs)
+
+
+@dataclass
+class Domains:
+    """Which hosts are GPUs of one server, and whether cross-rail transfers take PXN's relay."""
+
+    gpus: dict[str, tuple[str, ...]]  # server -> its hosts, GPU 0 first
+    pxn: bool = False  # relay through the destination rail's GPU of the source server
+    _at: dict[str, tuple[str, int]] = field(default_factory=dict, repr=False)  # host -> (server, GPU)
+
+    def __post_init__(self) -> None:
+        self._at = {h: (srv, i) for srv, hosts in self.gpus.items() for i, h in enumerate(hosts)}
+
+    def server(self, host: str) -> str | None:
+        at = self._at.get(host)
+        return at[0] if at else None
+
+    def gpu(self, host: str) -> int | None:
+        """A host's GPU index in its server (on rail-optimized fabrics: its rail - 1)."""
+        at = self._at.get(host)
+        return at[1] if at else None
+
+    def same_server(self, a: str, b: str) -> bool:
+        sa = self.server(a)
+        return sa is not None and sa == self.server(b)
+
+    def relay(self, src: str, dst: str) -> str | None:
+        """PXN's relay for src -> dst: src's server's GPU with dst's index (on dst's rail), if
+        src and dst are GPUs of different servers with different indices (and PXN is on)."""
+        if not self.pxn:
+            return None
+        a, b = self._at.get(src), self._at.get(dst)
+        if a is None or b is None or a[0] == b[0] or a[1] == b[1]:
+            return None
+        return self.gpus[a[0]][b[1]]
 
 
 @dataclass
@@ -59,18 +102,20 @@ class Op:
 class Program:
     channels: list[Channel] = field(default_factory=list)
     ops: list[Op] = field(default_factory=list)
+    domains: Domains | None = None  # the job being built's servers (None: single-NIC hosts)
     _chan_index: dict[tuple[str, str, str, str, str], int] = field(default_factory=dict, repr=False)
     _sent: list[int] = field(default_factory=list, repr=False)  # messages per channel so far
 
     # ------------------------------------------------------------------ building
-    def channel(self, job: str, stream: str, src: str, dst: str, qps: int = 1, via: str = FABRIC) -> int:
+    def channel(self, job: str, stream: str, src: str, dst: str, qps: int = 1, via: str = FABRIC,
+                relay: bool = False) -> int:
         if src == dst:
             raise ValueError(f"{job}: a channel from {src} to itself")
         key = (job, stream, src, dst, via)
         c = self._chan_index.get(key)
         if c is None:
             c = self._chan_index[key] = len(self.channels)
-            self.channels.append(Channel(job, stream, src, dst, qps, via))
+            self.channels.append(Channel(job, stream, src, dst, qps, via, relay))
             self._sent.append(0)
         return c
 
@@ -94,15 +139,29 @@ class Program:
 
     def transfer(self, job: str, stream: str, src: str, dst: str, nbytes: int,
                  deps: Iterable[int] = (), cat: str | None = None, step: int = 0,
-                 qps: int = 1, via: str = FABRIC) -> tuple[int, int]:
+                 qps: int = 1, via: str | None = None) -> tuple[int, int]:
         """One message from src to dst after deps (ops of src): (its send op, its recv op).
-        `via` SCALE_UP: across the server's scale-up domain (both GPUs of one server)."""
+        `via` None: as `domains` says (SCALE_UP between GPUs of one server, PXN's relay, else
+        FABRIC); SCALE_UP or FABRIC: that path, whatever the domains."""
+        if via is None and self.domains is not None:
+            if self.domains.same_server(src, dst):
+                via = SCALE_UP
+            elif (relay := self.domains.relay(src, dst)) is not None:
+                # Each (stream, src, dst) keeps channels of its own through the relay, so its
+                # messages stay in order and wait for no other pair's.
+                pxn = f"{stream}+pxn:{src}>{dst}"
+                s, hop = self._message(job, pxn, src, relay, nbytes, deps, cat or stream, step, qps, SCALE_UP)
+                _, r = self._message(job, pxn, relay, dst, nbytes, [hop], cat or stream, step, qps, FABRIC, True)
+                return s, r
+        return self._message(job, stream, src, dst, nbytes, deps, cat or stream, step, qps, via or FABRIC)
+
+    def _message(self, job: str, stream: str, src: str, dst: str, nbytes: int, deps: Iterable[int],
+                 cat: str, step: int, qps: int, via: str, relay: bool = False) -> tuple[int, int]:
         if nbytes < 0:
             raise ValueError(f"message size must be >= 0, got {nbytes}")
-        c = self.channel(job, stream, src, dst, qps, via)
+        c = self.channel(job, stream, src, dst, qps, via, relay)
         seq = self._sent[c]
         self._sent[c] += 1
-        cat = cat or stream
         s = self._add(Op(len(self.ops), src, SEND, job, cat, step, sorted(set(deps)), c, seq, nbytes))
         r = self._add(Op(len(self.ops), dst, RECV, job, cat, step, [], c, seq, nbytes))
         return s, r
@@ -143,6 +202,14 @@ class Program:
                 recvs[o.channel] = recvs.get(o.channel, 0) + 1
         if sends != recvs:
             raise ValueError("a channel's sends and recvs do not pair up")
+
+    def sent_by_via(self, job: str | None = None) -> dict[str, int]:
+        """Bytes sent (every hop) across the fabric and across scale-up domains, of one job or all."""
+        out = {FABRIC: 0, SCALE_UP: 0}
+        for o in self.ops:
+            if o.kind == SEND and (job is None or o.job == job):
+                out[self.channels[o.channel].via] += o.nbytes
+        return out
 
     def bytes_sent(self) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -13,7 +13,8 @@ of a stage sends to host t of the next). One step, per replica:
 * stage_order: the order a stage runs its microbatches' passes (gpipe, 1f1b);
 * training_step, training_program: one step, and a job's steps, as Program fragments; the TP
   and DP all-reduces are ring all-reduces (fabric_emu.workloads.collectives);
-* place, tp_groups: the grid on the fabric's leaves (topology-aware, naive or a host list);
+* place, tp_groups: the grid on the fabric's servers and leaves (topology-aware, naive or a host
+  list);
 * step_split, step_results: where each rank's step time went (compute, tp, pp, dp, waiting) and
   the pipeline bubble: the share of the step a stage did not compute, ideally (p-1)/(m+p-1)
   (bubble_fraction).
@@ -25,7 +26,7 @@ from collections.abc import Sequence
 from statistics import mean
 
 from fabric_emu.spec.workloads import PipelineWorkload, TrainingWorkload
-from fabric_emu.workloads.collectives import Entry, Exit, ring_allreduce
+from fabric_emu.workloads.collectives import Entry, Exit, hierarchical_allreduce
 from fabric_emu.workloads.program import COMPUTE, COMPUTE_CAT, Program, Times
 
 
@@ -79,7 +80,8 @@ def training_step(p: Program, job: str, grid: Grid, *, microbatches: int, schedu
                     passes[(d, s, t, kind, i)] = c
                     tail[h] = [c]
                 if tp > 1 and tp_bytes > 0:
-                    tail = ring_allreduce(p, job, group, tp_bytes, tail, stream="tp", cat="tp", step=step, qps=qps)
+                    tail = hierarchical_allreduce(p, job, group, tp_bytes, tail, stream="tp", cat="tp", step=step,
+                                                  qps=qps)
                 nxt = s + 1 if kind == "F" else s - 1
                 if 0 <= nxt < pp:
                     nbytes = activation_bytes if kind == "F" else gradient_bytes
@@ -93,8 +95,8 @@ def training_step(p: Program, job: str, grid: Grid, *, microbatches: int, schedu
         for s in range(pp):
             for t in range(tp):
                 group = [grid[d][s][t] for d in range(dp)]
-                tails.update(ring_allreduce(p, job, group, dp_bytes, {h: tails[h] for h in group},
-                                            stream="dp", cat="dp", step=step, qps=qps))
+                tails.update(hierarchical_allreduce(p, job, group, dp_bytes, {h: tails[h] for h in group},
+                                                    stream="dp", cat="dp", step=step, qps=qps))
     return {h: [p.join(job, h, tails[h], step=step)] for h in tails}
 
 
@@ -124,15 +126,21 @@ def bubble_fraction(stages: int, microbatches: int) -> float:
 # --------------------------------------------------------------------------- placement
 
 def place(tp: int, pp: int, dp: int, placement: str | Sequence[str],
-          hosts_by_leaf: Sequence[Sequence[str]]) -> Grid:
+          hosts_by_leaf: Sequence[Sequence[str]], servers: Sequence[Sequence[str]] = ()) -> Grid:
     """grid[d][s][t] for a (tp, pp, dp) job.
 
-    topology-aware: each tensor-parallel group under one leaf where it fits (tp consecutive hosts
-    of a leaf), the groups of one replica's stages next to each other (pipeline neighbours on the
-    same or the next leaf), the data-parallel replicas after each other, so across leaves.
+    topology-aware: each tensor-parallel group inside one server (tp GPUs of it; tp beyond a
+    server's GPUs: whole servers under one leaf) or, with single-NIC hosts, under one leaf (tp
+    consecutive hosts of it); pipeline stages on different servers; data-parallel replicas
+    after each other, so across servers and leaves. A server with room for b groups holds one
+    stage of b successive replicas (its data-parallel traffic partly inside it), and a block of
+    replicas' stages take successive servers (pipeline neighbours under the same or the next
+    leaf). With single-NIC hosts: a replica's stages next to each other, replicas after them.
     naive: ranks fill the hosts in host order, data-parallel index fastest, then stage, then TP
-    rank (a launcher that numbers ranks with no thought of the fabric): TP groups spread out.
-    A host list: rank r = t + tp*(s + pp*d) runs on hosts[r]."""
+    rank (a launcher that numbers ranks with no thought of the fabric): TP groups spread out
+    over servers and leaves.
+    A host list: rank r = t + tp*(s + pp*d) runs on hosts[r].
+    servers: each server's hosts in GPU order, in host order (empty: single-NIC hosts)."""
     n = tp * pp * dp
     flat = [h for leaf in hosts_by_leaf for h in leaf]
     if len(flat) < n:
@@ -140,8 +148,14 @@ def place(tp: int, pp: int, dp: int, placement: str | Sequence[str],
     if isinstance(placement, str) and placement == "naive":
         at = lambda d, s, t: flat[d + dp * (s + pp * t)]  # noqa: E731
     elif isinstance(placement, str) and placement == "topology-aware":
-        groups = tp_groups(tp, hosts_by_leaf)[:pp * dp]
-        at = lambda d, s, t: groups[d * pp + s][t]  # noqa: E731
+        slot = _server_slots(tp, pp, dp, servers) if servers else None
+        if slot is None:  # single-NIC hosts, or too few servers to keep stages apart
+            groups = tp_groups(tp, hosts_by_leaf, servers)[:pp * dp]
+            if len(groups) < pp * dp:
+                raise ValueError(f"the hosts make {len(groups)} groups of tp {tp} next to each other; "
+                                 f"pp x dp is {pp * dp} (a host list places ranks anywhere)")
+            slot = {(d, s): groups[d * pp + s] for d in range(dp) for s in range(pp)}
+        at = lambda d, s, t: slot[(d, s)][t]  # noqa: E731
     elif isinstance(placement, str):
         raise ValueError(f"unknown placement {placement!r} (topology-aware, naive or a host list)")
     else:
@@ -152,15 +166,38 @@ def place(tp: int, pp: int, dp: int, placement: str | Sequence[str],
     return [[[at(d, s, t) for t in range(tp)] for s in range(pp)] for d in range(dp)]
 
 
-def tp_groups(tp: int, hosts_by_leaf: Sequence[Sequence[str]]) -> list[list[str]]:
+def _server_slots(tp: int, pp: int, dp: int, servers: Sequence[Sequence[str]]) -> dict | None:
+    """(d, s) -> its TP group's hosts, each server holding one stage of b successive replicas
+    (b = the server's GPUs // tp, at most dp), stages of a replica block on successive servers;
+    None when tp does not divide a server's GPUs (or is beyond them) or servers run out."""
+    gpus = len(servers[0])
+    if tp > gpus or gpus % tp or any(len(srv) != gpus for srv in servers):
+        return None
+    b = min(gpus // tp, dp)
+    blocks = -(-dp // b)
+    if blocks * pp > len(servers):
+        return None
+    out = {}
+    for d in range(dp):
+        for s in range(pp):
+            srv = servers[(d // b) * pp + s]
+            i = d % b
+            out[(d, s)] = list(srv[i * tp:(i + 1) * tp])
+    return out
+
+
+def tp_groups(tp: int, hosts_by_leaf: Sequence[Sequence[str]],
+              servers: Sequence[Sequence[str]] = ()) -> list[list[str]]:
     """Groups of tp hosts, leaf by leaf: whole groups inside one leaf first, then the hosts left
-    over (in leaf order) grouped as they come."""
+    over (in leaf order) grouped as they come. With servers and tp within a server's GPUs,
+    servers take the leaves' place: whole groups inside one server first."""
+    domains = servers if servers and tp <= min(len(srv) for srv in servers) else hosts_by_leaf
     groups: list[list[str]] = []
     spare: list[str] = []
-    for leaf in hosts_by_leaf:
-        whole = len(leaf) // tp * tp
-        groups += [list(leaf[i:i + tp]) for i in range(0, whole, tp)]
-        spare += leaf[whole:]
+    for dom in domains:
+        whole = len(dom) // tp * tp
+        groups += [list(dom[i:i + tp]) for i in range(0, whole, tp)]
+        spare += dom[whole:]
     groups += [spare[i:i + tp] for i in range(0, len(spare) - tp + 1, tp)]
     return groups
 
@@ -180,7 +217,7 @@ def step_split(p: Program, times: Times, job: str, step: int, bounds: tuple[floa
     last op, until the slowest rank ends the step, is waiting."""
     start, end = bounds
     out: dict[str, dict[str, float]] = {}
-    for h in dict.fromkeys(o.host for o in p.ops if o.job == job):
+    for h in dict.fromkeys(o.host for o in p.ops if o.job == job and o.kind == COMPUTE):  # not relays
         split = dict.fromkeys(SPLIT_KEYS, 0.0)
         cursor = start
         for o in p.ops:
@@ -233,7 +270,7 @@ def step_results(job: str, w: PipelineWorkload | TrainingWorkload, grid: Grid, p
                    placement=w.placement if isinstance(w.placement, str) else "explicit",
                    grid=grid)
         n = w.tp * w.pp * w.dp
-        comm = sum(o.nbytes for o in p.ops if o.job == job and o.kind == "send")
+        comm = sum(o.nbytes for o in p.ops if o.job == job and o.kind == "send" and not p.channels[o.channel].relay)
         # per-job bandwidth: every rank's bytes over the step time (how hard the job drives its links)
         out["busbw_gbps"] = comm / n / w.iterations * 8 / out["step_time_fabric_s"] / 1e9
     return out

@@ -24,7 +24,11 @@ EXPECTED: dict[str, tuple[list[str], float]] = {
     "lb_modes": ([rf"^  {mode} +mean .* cut vs ECMP .* vs alone {NUMBER}x  ok 1/1"
                   for mode in ("ecmp", "spray", "dlb")], 400),
     "program_driver": ([rf"ratio program/ring driver: NIC per packet {NUMBER}$"], 300),
+    "pause_load": ([rf"^  {side:10s} slowest pause max +{NUMBER} ms  median +{NUMBER} ms  runs <= 1 ms [01]/1 "
+                    for side in ("earlier", "this tree")], 300),
     "versus": ([rf"ratios this/earlier: OVS per packet {NUMBER}, NIC per packet {NUMBER}$"], 300),
+    "versus --scale-up": ([rf"NIC CPU per fabric packet / earlier: this tree {NUMBER}, "
+                           rf"this tree \+ scale-up {NUMBER}$"], 400),
     # Here only the userspace datapath (no openvswitch module); the lab VM has both.
     "datapaths": ([rf"^quickstart: both, per switch packet \(us\) +{NUMBER}",
                    r"^lowest trusted quickstart dilation +(\d+|none)"], 300),
@@ -34,7 +38,8 @@ EXPECTED: dict[str, tuple[list[str], float]] = {
 @pytest.mark.parametrize("name", EXPECTED)
 def test_smoke_mode_prints_its_ratios(name: str):
     lines, timeout_s = EXPECTED[name]
-    done = run_benchmark(name, timeout_s)
+    bench, *options = name.split()  # "versus --scale-up": a benchmark and its options
+    done = run_benchmark(bench, timeout_s, *options)
     assert done.returncode == 0, done.stdout + done.stderr
     for line in lines:
         assert re.search(line, done.stdout, re.M), f"no line matching {line!r} in:\n{done.stdout}"

@@ -7,6 +7,7 @@ import heapq
 from dataclasses import dataclass, field
 
 from fabric_emu.nic.drivers.program import ProgramRunner
+from fabric_emu.nic.scale_up import ScaleUpChannels
 from fabric_emu.workloads.program import Program
 from fabric_emu.nic.launch import host_programs
 
@@ -55,8 +56,10 @@ class Wire:
         heapq.heappush(self.events, (end + self.latency, self._n, *self.route[(host, q)]))
 
 
-def run(p: Program, rate_Bps: float = 1e9, latency_s: float = 0.0, limit_s: float = 1e6):
-    """Run to completion; returns (runners by host, nics by host, end time). Raises on deadlock."""
+def run(p: Program, rate_Bps: float = 1e9, latency_s: float = 0.0, limit_s: float = 1e6,
+        servers: list[ScaleUpChannels] = ()):
+    """Run to completion; returns (runners by host, nics by host, end time). Raises on deadlock.
+    servers: the scale-up domains of the program's scale-up channels."""
     wire = Wire(rate_Bps, latency_s)
     cfgs = host_programs(p, 1.0)
     runners: dict[str, ProgramRunner] = {}
@@ -64,6 +67,8 @@ def run(p: Program, rate_Bps: float = 1e9, latency_s: float = 0.0, limit_s: floa
     nsend: dict[str, int] = {}
     nrecv: dict[str, int] = {}
     for c in p.channels:
+        if c.via != "fabric":
+            continue
         for _ in range(c.qps):
             i, j = nsend.get(c.src, 0), nrecv.get(c.dst, 0)
             wire.route[(c.src, i)] = (c.dst, j)
@@ -72,14 +77,18 @@ def run(p: Program, rate_Bps: float = 1e9, latency_s: float = 0.0, limit_s: floa
         wire.nics[h] = FakeNic([FakeSendQp() for _ in range(nsend.get(h, 0))],
                                [FakeRecvQp() for _ in range(nrecv.get(h, 0))], wire, h)
     for h, cfg in cfgs.items():
-        runners[h] = ProgramRunner(cfg, h, wire.nics[h])
+        domain = next((d for d in servers if h in d.hosts), None)
+        runners[h] = ProgramRunner(cfg, h, wire.nics[h], domain)
     now = 0.0
     while True:
+        for d in servers:
+            d.advance(now)
         for r in runners.values():
             r.advance(now)
         if all(r.finished for r in runners.values()):
             return runners, wire.nics, now
         wakes = [r.wake_at for r in runners.values() if r.wake_at is not None]
+        wakes += [t for t in (d.next_event() for d in servers) if t is not None]
         nxt = min([*wakes, *(e[0] for e in wire.events[:1])], default=None)
         if nxt is None or nxt > limit_s:
             stuck = {h: r._left for h, r in runners.items() if not r.finished}

@@ -244,3 +244,38 @@ def test_the_slowest_pause_is_split_into_its_stages() -> None:
     r = reaction_summary({"reaction_s": [0.001, 0.010], "worst_reaction": split}, 2000)
     assert r["max_s"] == 0.01 and r["slowest_ms"] == {"total": 10.0, "to_daemon": 1.0, "frame": 1.0,
                                                       "frame_to_daemon": 1.0, "gate": 7.0}
+
+
+def test_each_stage_keeps_its_longest_over_every_pause() -> None:
+    from fabric_emu.ports.pfcd import max_by_stage, split_reaction
+    from fabric_emu.results.switch import reaction_summary
+
+    ms = 1_000_000
+    slow_gate = split_reaction((0, 1 * ms), (2 * ms, 3 * ms), 10 * ms)  # slowest in total
+    slow_frame = split_reaction((0, 1 * ms), (6 * ms, 7 * ms), 8 * ms)  # its frame the latest
+    stages = max_by_stage(max_by_stage({}, slow_gate), slow_frame)
+    assert stages == {"total_s": 0.010, "to_daemon_s": 0.001, "frame_s": 0.005,
+                      "frame_to_daemon_s": 0.001, "gate_s": 0.007}
+    r = reaction_summary({"reaction_s": [0.008, 0.010], "worst_reaction": slow_gate, "stage_max": stages}, 2000)
+    assert r["slowest_ms"]["frame"] == 1.0 and r["stage_max_ms"]["frame"] == 5.0
+    assert reaction_summary({"reaction_s": [0.001]}, 2000).keys() == {
+        "pauses_measured", "p50_s", "max_s", "p50_fabric_us", "max_fabric_us"}  # an older daemon's stats
+
+
+def test_the_daemon_settles_its_heap_and_counts_full_collections() -> None:
+    """After settle() a full collection walks only what was allocated since: short, and counted."""
+    import gc
+
+    from fabric_emu.ports.pfcd import FullCollections
+
+    collections = FullCollections()
+    try:
+        collections.settle()
+        assert gc.get_freeze_count() > 1000  # the test process's modules and objects
+        gc.collect(1)  # not a full one: not counted
+        gc.collect(2)
+        report = collections.report()
+        assert report["count"] == 1 and 0 <= report["longest_ms"] < 50, report
+    finally:
+        gc.callbacks.remove(collections._on_gc)
+        gc.unfreeze()
