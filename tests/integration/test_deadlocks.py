@@ -111,7 +111,7 @@ def test_global_failover_reroutes_around_the_same_failures_without_a_cycle(tmp_p
     assert [f["mode"] for f in s["failover"]] == ["global"] * 3 and all(f["rerouted"] for f in s["failover"])
 
 
-@pytest.mark.parametrize("gbps, deadlock", [(0.5, False), (10, True)])
+@pytest.mark.parametrize("gbps, deadlock", [(1, False), (10, True)])
 def test_a_routing_loop_kills_packets_by_ttl_and_deadlocks_above_a_rate(tmp_path_factory, gbps, deadlock):
     run, r = run_shipped(tmp_path_factory, "routing-loop", f"topology.host_link.gbps={gbps}", "timeout=8s")
     s = read_json(run / "summary.json")
