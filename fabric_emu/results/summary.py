@@ -59,8 +59,6 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
         # each time the controller was away (fabric_emu.fabric.keeper.outage_row)
         **({"controller_outages": traffic["controller_outages"]} if traffic.get("controller_outages") else {}),
         **({"pfc_reaction": reaction} if reaction else {}),
-        # bytes per ingress port charged for frames OVS dropped, given back (fabric_emu.ports.leaks)
-        **({"lossless_leaks_credited": daemon["leaks_credited"]} if daemon.get("leaks_credited") else {}),
         **pfcwd,
         **({"deadlocks": deadlock_summary} if deadlock_summary is not None else {}),
         **trust_section(spec, traffic.get("cpu") or {}, agents, ports, traffic.get("events") or [], daemon,

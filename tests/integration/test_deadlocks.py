@@ -123,7 +123,4 @@ def test_a_routing_loop_kills_packets_by_ttl_and_deadlocks_above_a_rate(tmp_path
     else:
         # packets for the cut-off leaf died of old age, at the switches that saw them last
         assert expired > 0 and s["deadlocks"]["persistent"] == [], (expired, s["deadlocks"])
-        # the lossless frames that died in OVS had been charged to the ports they entered by:
-        # given back once those ports stood still, or they would pause their upstreams for good
-        assert sum(s.get("lossless_leaks_credited", {}).values()) > 0, s.get("fidelity")
         assert s["switch"]["drops"] >= expired
