@@ -29,19 +29,14 @@ POLL_S = 0.25  # how often the PFC daemon looks
 @dataclass
 class _Still:
     held: int
-    since: float
-    admitted: int | None = None  # at the first reading of pair_held
-    reads: int = 0  # readings of pair_held while held stood still
+    held_since: float
+    admitted: int | None = None
+    admitted_since: float = 0.0
 
 
 class LeakCheck:
     """Pure: fed each poll's held bytes per ingress port (and, for the candidates, the bytes of
-    theirs the egress ports hold), says what to credit back per port, each leak once.
-
-    A port whose held bytes stand still is read twice, at half the quiet time and at the
-    quiet time: the same admitted bytes both times and held above them is a leak. Then it is
-    not read again until its bytes move: a paused or deadlocked port stands still for long,
-    and reading pair_held costs the PFC daemon a syscall per entry."""
+    theirs the egress ports hold), says what to credit back per port, each leak once."""
 
     def __init__(self, quiet_s: float = QUIET_S):
         self.quiet_s = quiet_s
@@ -49,15 +44,10 @@ class LeakCheck:
         self.credited: dict[int, int] = {}  # port -> bytes given back over the run
 
     def candidates(self, held: dict[int, int], now: float) -> list[int]:
-        """The ports whose pair_held bytes this poll needs."""
-        out = []
-        for p, h in held.items():
-            s = self._still.get(p)
-            if not h or s is None or s.held != h:
-                continue
-            if (s.reads == 0 and now - s.since >= self.quiet_s / 2) or (s.reads == 1 and now - s.since >= self.quiet_s):
-                out.append(p)
-        return out
+        """Ports holding bytes that stood still for half the quiet time: only these need
+        pair_held, whose reading costs a syscall per entry."""
+        return [p for p, h in held.items() if h and (s := self._still.get(p)) is not None
+                and s.held == h and now - s.held_since >= self.quiet_s / 2]
 
     def poll(self, now: float, held: dict[int, int], admitted: dict[int, int]) -> dict[int, int]:
         out = {}
@@ -69,10 +59,10 @@ class LeakCheck:
             a = admitted.get(port)
             if a is None:
                 continue
-            s.reads += 1
-            if s.reads == 1:
-                s.admitted = a
-            elif a == s.admitted and h > a:
+            if s.admitted != a:
+                s.admitted, s.admitted_since = a, now
+                continue
+            if h > a and now - max(s.held_since, s.admitted_since) >= self.quiet_s:
                 out[port] = h - a
                 self.credited[port] = self.credited.get(port, 0) + h - a
                 del self._still[port]
