@@ -21,7 +21,6 @@ apt_packages_for() {
     mininet openvswitch-switch openvswitch-common
     iperf3 ethtool tcpdump tshark iputils-ping iproute2 procps kmod
     clang llvm libbpf-dev linux-libc-dev
-    libatomic1  # the PFC daemon's atomic updates of the port map (fabric_emu/ports/leaks.py)
     python3 python3-venv python3-dev git
     prometheus  # the metrics integration test runs its own server (the service is not started)
   )

@@ -8,7 +8,6 @@ folder, so cleanup removes it), and attached by raw rtnetlink (clsact + direct-a
 
 from __future__ import annotations
 
-import ctypes
 import os
 import socket
 import subprocess
@@ -78,11 +77,6 @@ class PortMaps:
             if since := t.get(port_id, "paused_since", p):
                 out[f"paused_ns_p{p}"] += max(0, now - since)
         return out
-
-    def address(self, port_id: int, name: str, i: int = 0) -> int:
-        """The memory address of one field of the mmapped array (for atomic updates)."""
-        base = ctypes.addressof(ctypes.c_char.from_buffer(self._mem))
-        return base + 8 * self.table._at(port_id, name, i)
 
     def pairs(self) -> dict[tuple[int, int], int]:
         """Lossless bytes held now per (ingress port id, egress port id) of a switch, where any."""

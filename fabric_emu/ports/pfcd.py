@@ -50,7 +50,6 @@ from fabric_emu.kernel import bpfsys, rtnl
 from fabric_emu.ports import queues
 from fabric_emu.ports.datapath import PortMaps
 from fabric_emu.ports.layout import EV_NIC_XOFF, EV_PFC_RX, EV_XOFF, EV_XON, NO_PORT, Event
-from fabric_emu.ports.leaks import POLL_S as LEAK_POLL_S, Atomics, LeakCheck
 from fabric_emu.ports.watchdog import PortWatchdogs, clear_status
 from fabric_emu.kernel.shaping import IPRoutePool, link_index
 
@@ -192,9 +191,6 @@ class Daemon:
         self.watchdog = (PortWatchdogs(cfg.watchdog, watched, self.maps.table, cfg.dilation, cfg.seed)
                          if cfg.watchdog is not None else None)
         self.mitigated: dict[int, str] = {}  # port -> the watchdog's action holding it
-        self.leaks = LeakCheck()  # bytes charged for frames OVS lost (fabric_emu.ports.leaks)
-        self.atomics = Atomics()
-        self.next_leak_poll = 0.0
 
     def _pause_s(self, port: DaemonPort, quanta: int) -> float:
         return pause_seconds(quanta, port.gbps, self.cfg.dilation)
@@ -264,26 +260,7 @@ class Daemon:
                 if self.maps.table.get(port.peer_id, "nic_rx_state") and port.id not in self.nic_senders:
                     self._nic_xoff(port.id, now)
 
-    def _credit_leaks(self, now: float) -> None:
-        """Give back what is charged to an ingress port for frames OVS lost; clear its XOFF if
-        that takes it below xon (the reconcile then sends the XON)."""
-        table = self.maps.table
-        held = {p: table.get(p, "held", LOSSLESS) for p in self.senders}
-        admitted: dict[int, int] = {}
-        if candidates := self.leaks.candidates(held, now):
-            per_in: dict[int, int] = {}
-            for (i, _), n in self.maps.pairs().items():
-                per_in[i] = per_in.get(i, 0) + n
-            admitted = {p: per_in.get(p, 0) for p in candidates}
-        for port, n in self.leaks.poll(now, held, admitted).items():
-            left = self.atomics.fetch_sub(self.maps.address(port, "held", LOSSLESS), n) - n
-            if left < table.get(port, "xon"):
-                self.atomics.compare_and_swap(self.maps.address(port, "xoff_state"), 1, 0)
-
     def _timers(self, now: float) -> float | None:
-        if now >= self.next_leak_poll:  # before the reconcile, which sends the XON it may allow
-            self._credit_leaks(now)
-            self.next_leak_poll = now + LEAK_POLL_S
         if now >= self.next_reconcile:
             self._reconcile(now)
             self.next_reconcile = now + RECONCILE_S
@@ -502,8 +479,7 @@ class Daemon:
                 "frames_sent": self.frames_sent, "frames_received": self.frames_received,
                 "events": self.events, "errors": self.errors[:20],
                 "events_lost": events_lost, "watchdog": watchdog,
-                "storms": self.storm_log, "storm_nic_drops": storm_drops, "nic_receive": nic_rx,
-                "leaks_credited": {self.ports[p].intf: n for p, n in self.leaks.credited.items()}}
+                "storms": self.storm_log, "storm_nic_drops": storm_drops, "nic_receive": nic_rx}
 
 
 def split_reaction(crossed: tuple[int, int], frame_seen: tuple[int, int], closed_ns: int) -> dict[str, float]:

@@ -55,10 +55,6 @@ def trust_section(spec: ExperimentSpec, cpu: dict, agents: dict[str, dict], port
         machine["kernel_datapath_softirq_max"] = kd.get("softirq_busiest_cpu_max")
     if reorder and links_failed:  # a rerouted flow may overtake itself: the fabric's doing
         notes.append(reorder)
-    if leaks := daemon.get("leaks_credited"):
-        notes.append(f"{sum(leaks.values()):,} lossless byte(s) charged to {len(leaks)} ingress port(s) for frames "
-                     f"Open vSwitch dropped (TTL expiry, no route, a full socket) were given back, so no port "
-                     f"kept pausing for them: {', '.join(sorted(leaks)[:6])}")
     out: dict = {"fidelity": {**machine, "nic_engine_late_wakes_max": max(late.values()) if late else None,
                               "trusted": not warnings, "warnings": warnings, "notes": notes}}
     if cpu:
