@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from smoke import parse_args  # benchmarks/smoke.py (benchmarks are scripts, not a package)
@@ -115,15 +116,21 @@ def main() -> None:
             results["earlier"].append(run(old, Path(tmp) / f"old-{i}", args.size))
             results["this tree"].append(run(REPO, Path(tmp) / f"new-{i}", args.size))
     print(f"quickstart, {args.rounds} round(s) each, earlier = {args.rev}")
-    mean = {}
-    for name, rows in results.items():
-        mean[name] = {k: sum(r[k] for r in rows) / len(rows) for k in ("busbw", "ovs_us", "nic_us")}
-        m = mean[name]
-        print(f"  {name:10s} busbw {m['busbw']:.3f}  OVS {m['ovs_us']:6.1f} us/switch packet  "
-              f"NICs {m['nic_us']:6.1f} us/packet  trusted {[r['trusted'] for r in rows]}")
+    mean = means(results, lambda rows: "")
     e, t = mean["earlier"], mean["this tree"]
     print(f"  ratios this/earlier: OVS per packet {t['ovs_us'] / e['ovs_us']:.2f}, "
           f"NIC per packet {t['nic_us'] / e['nic_us']:.2f}")
+
+
+def means(results: dict[str, list[dict]], extra: Callable[[list[dict]], str]) -> dict[str, dict[str, float]]:
+    """Each side's mean busbw and CPU per packet over its rounds, printed a line a side (with
+    extra(rows) before the rounds' trust)."""
+    mean = {}
+    for name, rows in results.items():
+        m = mean[name] = {k: sum(r[k] for r in rows) / len(rows) for k in ("busbw", "ovs_us", "nic_us")}
+        print(f"  {name:10s} busbw {m['busbw']:.3f}  OVS {m['ovs_us']:6.1f} us/switch packet  "
+              f"NICs {m['nic_us']:6.1f} us/fabric packet  {extra(rows)}trusted {[r['trusted'] for r in rows]}")
+    return mean
 
 
 def scale_up_main(args: argparse.Namespace, old: Path, tmp: Path) -> None:
@@ -135,13 +142,7 @@ def scale_up_main(args: argparse.Namespace, old: Path, tmp: Path) -> None:
         for k, (name, (src, fabric_only)) in enumerate(sides.items()):
             results[name].append(run_scale_up(src, tmp / f"{k}-{i}", args.size, fabric_only))
     print(f"all-reduce job on the quickstart fabric, {args.rounds} round(s) each, earlier = {args.rev}")
-    mean = {}
-    for name, rows in results.items():
-        mean[name] = {k: sum(r[k] for r in rows) / len(rows) for k in ("busbw", "ovs_us", "nic_us")}
-        m = mean[name]
-        print(f"  {name:10s} busbw {m['busbw']:.3f}  OVS {m['ovs_us']:6.1f} us/switch packet  "
-              f"NICs {m['nic_us']:6.1f} us/fabric packet  scale-up bytes {rows[0]['scale_up_bytes']:,}  "
-              f"trusted {[r['trusted'] for r in rows]}")
+    mean = means(results, lambda rows: f"scale-up bytes {rows[0]['scale_up_bytes']:,}  ")
     e = mean["earlier"]["nic_us"]
     print(f"  NIC CPU per fabric packet / earlier: this tree {mean['this tree']['nic_us'] / e:.2f}, "
           f"this tree + scale-up {mean['+ scale-up']['nic_us'] / e:.2f}")

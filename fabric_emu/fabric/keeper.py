@@ -127,10 +127,9 @@ class ControllerKeeper:
         self._failed_starts = 0
         self.outages.append(row)
         self._open = None
-        if ready:
-            w = row["warm_start"]
-            self.say(f"controller back: {row['switches']} switches resynchronised {row['outage_s'] * 1e3:.0f} ms "
-                     f"after it went ({w['messages']} flow/group messages, {w['flows_deleted']} flow deletions)")
+        w = row["warm_start"]
+        self.say(f"controller back: {row['switches']} switches resynchronised {row['outage_s'] * 1e3:.0f} ms "
+                 f"after it went ({w['messages']} flow/group messages, {w['flows_deleted']} flow deletions)")
         return row
 
     def stop(self) -> list[dict]:

@@ -46,10 +46,6 @@ class ScaleUpDomain:
         self._t = 0.0  # the time the moving transfers' `left` refers to
 
     @property
-    def busy(self) -> bool:
-        return bool(self._waiting or self._moving)
-
-    @property
     def time(self) -> float:
         """The time the model has been advanced to."""
         return self._t

@@ -10,7 +10,7 @@ The registry, one entry a part with its policy:
 | ovs-vswitchd   | its pid and start time (pidfile at start)  | fail; restarted for teardown    |
 | the exporter   | its serving thread                         | fail                            |
 
-(The controller is one more entry once it can be restarted: wt-ctlrestart.)
+(The controller has its own keeper, fabric_emu.fabric.keeper, which also serves `controller:` events.)
 """
 
 from __future__ import annotations

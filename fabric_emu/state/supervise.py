@@ -9,7 +9,8 @@ fabric_emu.nic.launch adds its NIC engines). Polling happens inside loops that a
 Policies: "restart" (the PFC daemon: a fresh one with the same config; up to `max_restarts`
 times, then the run fails: a part that keeps dying is broken, not unlucky), "fail" (a NIC
 engine, Open vSwitch, the exporter: the run ends at once as `failed`, keeps what it measured
-and tears down). The controller can join as one more entry (wt-ctlrestart restarts it).
+and tears down). The controller is kept by its own keeper (fabric_emu.fabric.keeper), which
+also serves the `controller:` events.
 """
 
 from __future__ import annotations

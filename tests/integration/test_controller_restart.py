@@ -13,12 +13,13 @@ import os
 import re
 import signal
 import subprocess
-import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from fabric_emu.measure import sampling
 from tests.integration.fabric_checks import REPO, fabric_emu, only_run_dir, our_processes, read_json
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -27,26 +28,19 @@ SAMPLE_S = 0.5
 OFCTL = ["ovs-ofctl", "-O", "OpenFlow15"]
 
 
-class Sampler:
+class Sampler(sampling.Sampler):
     """ovs-ofctl readings of one bridge while the run goes on: (time, flows), (time, port tx)."""
+
+    interval_s = SAMPLE_S
 
     def __init__(self, bridge: str):
         self.bridge = bridge
         self.flows: list[tuple[float, dict]] = []
         self.ports: list[tuple[float, dict[int, int]]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> "Sampler":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.wait(SAMPLE_S):
+    def ticks(self) -> Iterator[None]:
+        while True:
+            yield  # the first sample after one interval, as the phase has started by then
             t = time.time()
             flows = subprocess.run([*OFCTL, "dump-flows", self.bridge], capture_output=True, text=True).stdout
             ports = subprocess.run([*OFCTL, "dump-ports", self.bridge], capture_output=True, text=True).stdout
@@ -84,6 +78,16 @@ def _before(samples: list, t: float):
 
 def _after(samples: list, t: float):
     return next(s[1] for s in samples if s[0] > t)
+
+
+def assert_spine2_uplink_idle_after(sampler: Sampler, t0: float, too_soon: str) -> None:
+    """leaf1's samples from a sample after t0 on: its uplink to spine2 (port 4) sent nothing,
+    the other three (3, 5, 6) carried the traffic."""
+    samples = [(t, p) for t, p in sampler.ports if t > t0 + SAMPLE_S and p.get(3) is not None]
+    assert len(samples) >= 2, too_soon
+    first, last = samples[0][1], samples[-1][1]
+    assert last.get(4) == first.get(4)  # no figure at all while it is down: nothing sent either
+    assert sum(last[p] - first[p] for p in (3, 5, 6)) > 100
 
 
 def run_sampled(tmp_path_factory, name: str, bridge: str, *sets: str) -> tuple[Path, subprocess.CompletedProcess, Sampler]:
@@ -175,11 +179,7 @@ def test_a_link_cut_after_the_restart_is_rerouted(rerouted):
     assert moved["link"] == "leaf1-spine2" and moved["rerouted"] and moved["mode"] == "global"
     # Open vSwitch's counters on leaf1: its uplink to spine2 (port 4) stops, the others carry on.
     rerouted_at = cut["fired_wall"] + moved["failover_s"]
-    samples = [(t, p) for t, p in sampler.ports if t > rerouted_at + SAMPLE_S and p.get(3) is not None]
-    assert len(samples) >= 2, "the run ended too soon after the cut to see the traffic move"
-    first, last = samples[0][1], samples[-1][1]
-    assert last.get(4) == first.get(4)  # no figure at all while it is down: nothing sent either
-    assert sum(last[p] - first[p] for p in (3, 5, 6)) > 100
+    assert_spine2_uplink_idle_after(sampler, rerouted_at, "the run ended too soon after the cut to see the traffic move")
 
 
 # --------------------------------------------------------------------------- a crash nobody planned
@@ -190,8 +190,9 @@ class Crasher(Sampler):
         super().__init__(bridge)
         self.after_packets, self.killed_at, self.killed_pid = after_packets, None, None
 
-    def _run(self) -> None:
-        while not self._stop.wait(SAMPLE_S):
+    def ticks(self) -> Iterator[None]:
+        while True:
+            yield
             flows = subprocess.run([*OFCTL, "dump-flows", self.bridge], capture_output=True, text=True).stdout
             routed = sum(n for k, (_, n) in parse_flows(flows).items() if k.startswith("table=1"))
             if self.killed_at is None and routed > self.after_packets:
@@ -256,8 +257,4 @@ def test_a_link_cut_while_the_controller_was_away_is_routed_around_when_it_retur
     # measured on leaf1: once the new controller was back, its uplink to spine2 stays idle and
     # the other three carry the traffic
     back = stop["fired_wall"] + start["outage_s"]  # the outage runs from the stop to the resync
-    samples = [(t, p) for t, p in sampler.ports if t > back + SAMPLE_S and p.get(3) is not None]
-    assert len(samples) >= 2, "the run ended too soon after the controller came back"
-    first, last = samples[0][1], samples[-1][1]
-    assert last.get(4) == first.get(4)  # no figure at all while it is down: nothing sent either
-    assert sum(last[p] - first[p] for p in (3, 5, 6)) > 100
+    assert_spine2_uplink_idle_after(sampler, back, "the run ended too soon after the controller came back")
