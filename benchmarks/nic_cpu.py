@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -38,7 +37,7 @@ from fabric_emu.kernel import shaping  # noqa: E402
 from fabric_emu.ports import datapath, queues  # noqa: E402
 from fabric_emu.ports.model import NIC_QUEUE_FRAMES, PortEnd  # noqa: E402
 from fabric_emu.spec.units import parse_size  # noqa: E402
-from tests.integration.netns_pair import veth_pair  # noqa: E402
+from tests.integration.netns_pair import recorded_pins, veth_pair  # noqa: E402
 
 FOUNDATION = "c5bdb97"  # the last commit before the NIC model was rebuilt (issue 6)
 TAG = f"fenc{os.getpid() % 10000}"
@@ -47,7 +46,7 @@ MTU, ROCE_MTU = 4200, 4096
 TIMEOUT_S = 300.0
 
 
-def shape_hosts(pair, rate_bps: float, run_id: str) -> datapath.PortMaps:
+def shape_hosts(pair, rate_bps: float, pins: Path) -> datapath.PortMaps:
     """Both veth ends as host NICs, as fabric.py and ports/runtime.py set them up."""
     for ns, ifname in ((pair.tx_ns, pair.tx_if), (pair.rx_ns, pair.rx_if)):
         with shaping.open_iproute(ns) as ipr:
@@ -56,7 +55,6 @@ def shape_hosts(pair, rate_bps: float, run_id: str) -> datapath.PortMaps:
     for ns, ifname in ((pair.tx_ns, pair.tx_if), (pair.rx_ns, pair.rx_if)):
         queues.shape_classes(queues.PortQueues(ifname, rate_bps, MTU, limits, f"/var/run/netns/{ns}",
                                                qp_classes=True))
-    pins = datapath.load(run_id)
     maps = datapath.PortMaps(pins)
     ends = [PortEnd(1, "a", 0, pair.tx_if, 0, "host", 100, rate_bps),
             PortEnd(2, "b", 0, pair.rx_if, 0, "host", 100, rate_bps)]
@@ -145,15 +143,14 @@ def main() -> None:
     if os.geteuid() != 0:
         sys.exit("run as root: it creates network namespaces")
     rate, size = args.rate_mbps * 1e6, parse_size(args.size)
-    run_id = f"bench-{TAG}"
-    with veth_pair(TAG, IPS[0], IPS[1]) as pair, tempfile.TemporaryDirectory() as tmp:
-        maps = shape_hosts(pair, rate, run_id)
+    with (veth_pair(TAG, IPS[0], IPS[1]) as pair, recorded_pins("bench-nic") as pins,
+          tempfile.TemporaryDirectory() as tmp):
+        maps = shape_hosts(pair, rate, pins)
         try:
             results = {"foundation agent": foundation(pair, rate, size, Path(tmp)),
                        "engine": engine(pair, rate, size, Path(tmp))}
         finally:
             maps.close()
-            shutil.rmtree(datapath.pin_dir(run_id), ignore_errors=True)  # the pinned programs and maps
     print(f"2 hosts, ring all-reduce of {args.size} each way at {args.rate_mbps:g} Mb/s emulated")
     per = {}
     for name, r in results.items():

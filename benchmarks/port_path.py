@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 from pyroute2 import IPRoute, netns
@@ -36,7 +36,7 @@ from fabric_emu.ports import datapath, queues
 from fabric_emu.ports.layout import PORT_ECN, PORT_PFC, PORT_SWITCH
 from fabric_emu.ports.model import PortEnd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' namespace helpers
-from tests.integration.netns_pair import bring_up, run_in_netns  # noqa: E402
+from tests.integration.netns_pair import bring_up, recorded_pins, run_in_netns  # noqa: E402
 
 from smoke import parse_args  # noqa: E402  (benchmarks/smoke.py: scripts, not a package)
 
@@ -60,6 +60,7 @@ class Bench:
         self.host_if = [f"{TAG}e1", f"{TAG}e2"]
         self.switch_if = [f"{TAG}s1", f"{TAG}s2"]
         self.pins: Path | None = None
+        self._pinned = ExitStack()  # the recorded pin folder (netns_pair.recorded_pins)
         self.maps: datapath.PortMaps | None = None
 
     def up(self) -> None:
@@ -97,9 +98,8 @@ class Bench:
         if self.maps is not None:
             self.maps.close()
             self.maps = None
-        if self.pins is not None:
-            shutil.rmtree(self.pins, ignore_errors=True)
-            self.pins = None
+        self._pinned.close()
+        self.pins = None
 
     def ends(self) -> list[tuple[str, str | None]]:
         return [(s, None) for s in self.switch_if] + [(h, f"/var/run/netns/{ns}")
@@ -126,7 +126,7 @@ class Bench:
             for a, b in ((1, 2), (2, 1)):
                 sh("ovs-ofctl", "-O", "OpenFlow15", "add-flow", BRIDGE, f"in_port={a},actions=output:{b}")
             return
-        self.pins = datapath.load(f"bench-{TAG}")
+        self.pins = self._pinned.enter_context(recorded_pins("bench-port"))
         self.maps = datapath.PortMaps(self.pins)
         ids = {name: i for i, (name, _) in enumerate(self.ends())}
         peer = {self.switch_if[0]: self.host_if[0], self.switch_if[1]: self.host_if[1]}

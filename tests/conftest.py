@@ -20,6 +20,20 @@ def run_benchmark(name: str, timeout_s: float, *args: str) -> subprocess.Complet
                           env=env, capture_output=True, text=True, timeout=timeout_s)
 
 
+def pytest_sessionstart(session):
+    """As root, first remove what earlier runs whose process is gone left behind (exactly what
+    `fabric-emu clean` removes, from their records): a test run killed midway must not fail every
+    'nothing left behind' check of the next one. What this run leaves is still caught."""
+    if os.geteuid() != 0:
+        return
+    from fabric_emu.state.cleanup import clean_stale
+
+    removed, _ = clean_stale()
+    if removed:
+        print(f"\nbefore the tests, fabric-emu clean removed what dead runs left: {', '.join(removed)}",
+              file=sys.stderr)
+
+
 def pytest_collection_modifyitems(config, items):
     """Skip root-marked tests cleanly when not root. As root they run, and fail if Open vSwitch
     is missing: a CI whose set-up broke must not pass by skipping everything."""

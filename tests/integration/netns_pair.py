@@ -3,16 +3,21 @@ ports (no Mininet, no OVS). Names are unique per test process; addresses stay in
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 from pyroute2 import IPRoute, netns
 
 from fabric_emu.kernel import shaping
+from fabric_emu.ports import datapath
+from fabric_emu.state.cleanup import clean_record
+from fabric_emu.state.records import RunRecord
 
 T = TypeVar("T")
 
@@ -78,3 +83,17 @@ def veth_pair(tag: str, tx_ip: str, rx_ip: str) -> Iterator[Pair]:
         for ns in (p.tx_ns, p.rx_ns):
             if ns in netns.listnetns():
                 netns.remove(ns)  # takes the veth pair with it
+
+
+@contextmanager
+def recorded_pins(prefix: str) -> Iterator[Path]:
+    """The port programs loaded and their maps pinned under run id <prefix><pid>, with a run
+    record naming the pin folder saved first, as a run does: a test or benchmark killed midway
+    leaves only what `fabric-emu clean` (and the suite's start, tests/conftest.py) removes."""
+    rec = RunRecord.new(f"{prefix}{os.getpid()}")
+    rec.paths.append(str(datapath.pin_dir(rec.run_id)))
+    rec.save()
+    try:
+        yield datapath.load(rec.run_id)
+    finally:
+        clean_record(rec)

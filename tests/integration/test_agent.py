@@ -11,13 +11,12 @@ PFC gate, per-QP HTB, host_egress, qp_classify), so the kernel paces every queue
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
@@ -30,6 +29,7 @@ from fabric_emu.nic.config import AgentConfig, EngineConfig, RankInfo, WorkloadC
 from fabric_emu.workloads.collectives import RingAllReduce, algbw, allreduce_busbw
 from fabric_emu.ports import datapath, queues
 from fabric_emu.ports.model import NIC_QUEUE_FRAMES, PortEnd
+from tests.integration.netns_pair import recorded_pins
 
 pytestmark = [
     pytest.mark.root,
@@ -53,7 +53,7 @@ class BridgeLab:
         self.hosts = [f"h{i}" for i in range(1, n + 1)]
         self.namespaces: list[str] = []
         self.rate_bps = rate_bps
-        self.run_id = f"test-feag{os.getpid()}"
+        self.pins = ExitStack()  # the recorded pin folder, removed on exit
         self.maps: datapath.PortMaps | None = None
 
     def ns(self, host: str) -> str:
@@ -97,7 +97,7 @@ class BridgeLab:
         for h in self.hosts:
             queues.shape_classes(queues.PortQueues(self.intf(h), self.rate_bps, 1500, limits,
                                                    self.netns(h), qp_classes=True))
-        pins = datapath.load(self.run_id)
+        pins = self.pins.enter_context(recorded_pins("test-feag"))
         self.maps = datapath.PortMaps(pins)
         ends = [PortEnd(i + 1, h, 0, self.intf(h), 0, "host", 100, self.rate_bps)
                 for i, h in enumerate(self.hosts)]
@@ -107,7 +107,7 @@ class BridgeLab:
         if self.maps is not None:
             self.maps.close()
             self.maps = None
-        shutil.rmtree(datapath.pin_dir(self.run_id), ignore_errors=True)
+        self.pins.close()
         for ns in reversed(self.namespaces):  # deleting a namespace deletes its veth ends
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         self.namespaces.clear()

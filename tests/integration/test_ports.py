@@ -9,7 +9,6 @@ accounting is compared with the qdisc's own backlog.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import time
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from fabric_emu.cc.red import mark_probability, pmax_scaled
 from fabric_emu.ports import datapath, queues
 from fabric_emu.ports.layout import PORT_ECN, PORT_PFC, PORT_SWITCH
 from fabric_emu.ports.model import PortEnd
-from tests.integration.netns_pair import Pair, run_in_netns, udp_socket, veth_pair
+from tests.integration.netns_pair import Pair, recorded_pins, run_in_netns, udp_socket, veth_pair
 
 pytestmark = [pytest.mark.root, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 
@@ -78,24 +77,22 @@ class Port:
 
 @pytest.fixture
 def port() -> Iterator[Port]:
-    run_id = f"test-{TAG}"
-    with veth_pair(TAG, TX_IP, RX_IP) as pair:
+    with veth_pair(TAG, TX_IP, RX_IP) as pair, recorded_pins("test-fept") as pins:
         tx_ns = f"/var/run/netns/{pair.tx_ns}"
         limits = {0: BUFFER, 3: BUFFER, 6: BUFFER}
         queues.shape_classes(queues.PortQueues(pair.tx_if, RATE, MTU, limits, tx_ns))
-        pins = datapath.load(run_id)
         maps = datapath.PortMaps(pins)
         ends = [PortEnd(0, "sw", 1, pair.tx_if, 1, "switch", 100, RATE),
                 PortEnd(1, "h", 0, pair.rx_if, 0, "host", 100, RATE)]
-        datapath.attach(pins, ends, {"sw": tx_ns, "h": f"/var/run/netns/{pair.rx_ns}"}, maps)
         rx = udp_socket(pair.rx_ns)
-        rx.bind((RX_IP, PORT))
-        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-        rx.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
-        rx.settimeout(0.5)
         tx = udp_socket(pair.tx_ns)
-        p = Port(pair, maps, tx, rx)
         try:
+            datapath.attach(pins, ends, {"sw": tx_ns, "h": f"/var/run/netns/{pair.rx_ns}"}, maps)
+            rx.bind((RX_IP, PORT))
+            rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+            rx.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
+            rx.settimeout(0.5)
+            p = Port(pair, maps, tx, rx)
             p.set_flags(PORT_SWITCH | PORT_ECN)
             p.send(b"arp", ROCE_TOS, 1)  # resolve the neighbour before the gate closes
             p.receive_all()
@@ -104,7 +101,6 @@ def port() -> Iterator[Port]:
             tx.close()
             rx.close()
             maps.close()
-            shutil.rmtree(pins, ignore_errors=True)
 
 
 def fill(port: Port, depth: int) -> None:

@@ -7,7 +7,6 @@ carrying their SO_MARK, rates read from the receiver's kernel timestamps per sou
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import struct
 import threading
@@ -24,7 +23,7 @@ from fabric_emu.kernel import rtnl
 from fabric_emu.kernel.rtnl import link_index
 from fabric_emu.ports.qp_limiter import QP_MAJOR, QpLimiter, qp_class, qp_mark
 from fabric_emu.kernel.shaping import IPRoutePool
-from tests.integration.netns_pair import Pair, udp_socket, veth_pair
+from tests.integration.netns_pair import Pair, recorded_pins, udp_socket, veth_pair
 
 pytestmark = [pytest.mark.root, pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 
@@ -138,13 +137,11 @@ ROCE_LIMIT = 2 * (MTU + 14)
 
 @pytest.fixture
 def nic() -> Iterator[Nic]:
-    run_id = f"test-{TAG}"
-    with veth_pair(TAG, TX_IP, RX_IP) as pair:
+    with veth_pair(TAG, TX_IP, RX_IP) as pair, recorded_pins("test-feql") as pins:
         tx_ns = f"/var/run/netns/{pair.tx_ns}"
         nic_queue = NIC_QUEUE_FRAMES * (MTU + 14)
         queues.shape_classes(queues.PortQueues(pair.tx_if, LINK, MTU, {0: 2_000_000, 3: ROCE_LIMIT, 6: nic_queue},
                                                tx_ns, qp_classes=True))
-        pins = datapath.load(run_id)
         maps = datapath.PortMaps(pins)
         nl = rtnl.netlink_socket(tx_ns)
         rx_sock = udp_socket(pair.rx_ns)
@@ -165,7 +162,6 @@ def nic() -> Iterator[Nic]:
             rx.close()
             nl.close()
             maps.close()
-            shutil.rmtree(pins, ignore_errors=True)
 
 
 def assert_rate(got: float, want: float, what: str) -> None:
