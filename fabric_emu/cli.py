@@ -65,11 +65,11 @@ def show(spec: Annotated[Path, typer.Argument(help="an experiment or topology YA
                     "reason": "auto is chosen per experiment, from the packet rates its workload asks for"}
         else:
             try:  # as root, measure this machine if it was never measured (about 10 s)
-                exp, plan, ranks = load_checked(spec, set_ or [], measure=os.geteuid() == 0)
+                exp, plan, ranks = load_checked(spec, set_ or [], measure=os.geteuid() == 0, plan_only=True)
             except ProbeError as e:
                 err.print(f"warning: cannot measure this machine for dilation: auto ({e})",
                           markup=False, highlight=False)
-                exp, plan, ranks = load_checked(spec, set_ or [], measure=False)
+                exp, plan, ranks = load_checked(spec, set_ or [], measure=False, plan_only=True)
     except SpecError as e:
         _input_error(e)
     print_plan(out, plan, exp, ranks)

@@ -13,19 +13,22 @@ from fabric_emu.run.deadline import default_timeout_s, losses_possible
 from fabric_emu.spec.errors import SpecError
 from fabric_emu.spec.experiment import ExperimentSpec
 from fabric_emu.spec.load import load_experiment
+from fabric_emu.spec.machines import underlay_mtu_needed
+from fabric_emu.topo.placement import PlacementError, place
 from fabric_emu.topo.plan import build_plan, resolve_ranks
 from fabric_emu.workloads import jobs
 from fabric_emu.workloads.flows import agent_hosts, unknown_hosts, workload_flows, workload_line_rate_s
 
 
 def load_checked(path: Path, sets: list[str], measure: bool = False,
-                 probe: ovs_datapath.Probe = ovs_datapath.probe_module):
+                 probe: ovs_datapath.Probe = ovs_datapath.probe_module, plan_only: bool = False):
     """Load an experiment and check names that need the plan (hosts, links, capture ports).
 
     `datapath` is resolved here (probe: whether openvswitch.ko is usable), and `dilation: auto`,
     from this machine's cached capacity on that datapath; `measure` allows measuring it when
-    there is no cache (root, about 10 s; see fabric_emu.measure.capacity)."""
-    return check_spec(load_experiment(path, sets), str(path), measure, probe)
+    there is no cache (root, about 10 s; see fabric_emu.measure.capacity). `plan_only`: for
+    `fabric-emu show`, which plans what a run cannot do yet (machines:)."""
+    return check_spec(load_experiment(path, sets), str(path), measure, probe, plan_only)
 
 
 def resolve_datapath(spec: ExperimentSpec, path: str,
@@ -40,7 +43,7 @@ def resolve_datapath(spec: ExperimentSpec, path: str,
 
 
 def check_spec(spec: ExperimentSpec, path: str, measure: bool = False,
-               probe: ovs_datapath.Probe = ovs_datapath.probe_module):
+               probe: ovs_datapath.Probe = ovs_datapath.probe_module, plan_only: bool = False):
     """load_checked's checks of a spec already validated (from a file or a dict, named `path` in
     errors): (spec with dilation and timeout resolved, plan, ranks); the plan's
     extra["datapath"] says which datapath and why."""
@@ -82,6 +85,7 @@ def check_spec(spec: ExperimentSpec, path: str, measure: bool = False,
                               f"unknown host {e.nic!r} (hosts are {names[0]}..{names[-1]})")])
     check_watchdog_poll(spec, plan, path)
     check_paths(spec, plan, path)
+    check_machines(spec, plan, path, plan_only)
     for i, b in enumerate(spec.background):
         for end in ("src", "dst"):
             if getattr(b, end) not in plan.host_by_name:
@@ -143,6 +147,22 @@ def check_paths(spec: ExperimentSpec, plan, path: str) -> None:
         for j, (a, b) in enumerate(zip(p.via, p.via[1:])):
             if frozenset((a, b)) not in links:
                 raise SpecError([(str(path), f"paths.{i}.via.{j + 1}", f"no link between {a} and {b}")])
+
+
+def check_machines(spec: ExperimentSpec, plan, path: str, plan_only: bool) -> None:
+    """Place a partitioned fabric (plan.extra["placement"]); a run over several machines is
+    refused until it exists (issue 19), before anything is created."""
+    if not spec.machines:
+        return
+    try:
+        placement = place(plan, [m.name for m in spec.machines])
+    except PlacementError as e:
+        raise SpecError([(str(path), "machines", str(e))]) from None
+    plan.extra["placement"] = {**placement.to_dict(), "addresses": {m.name: m.address for m in spec.machines},
+                               "underlay_mtu": underlay_mtu_needed(plan.mtu)}
+    if not plan_only:
+        raise SpecError([(str(path), "machines", "runs over several machines are not built yet; "
+                                                 "`fabric-emu show` prints this placement (allowed to run: none)")])
 
 
 def routing_of(spec: ExperimentSpec, plan) -> dict:

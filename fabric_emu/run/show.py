@@ -41,6 +41,7 @@ def print_plan(out: Console, plan: FabricPlan, exp: ExperimentSpec | None, ranks
     out.print(t)
     print_servers(out, plan)
     print_leaf_paths(out, plan)
+    print_placement(out, plan)
 
     if exp is None or ranks is None:
         return
@@ -269,3 +270,23 @@ def print_jobs(out: Console, plan: FabricPlan, exp: ExperimentSpec, ranks: list[
                 t.add_row(r["leaf"], *([r["server"]] if servers else []), r["host"], str(r["dp"]), str(r["pp"]),
                           str(r["tp"]))
             out.print(t)
+
+
+def print_placement(out: Console, plan: FabricPlan) -> None:
+    """A partitioned fabric (machines:): what each machine runs, and the links between machines."""
+    p = plan.extra.get("placement")
+    if p is None:
+        return
+    where = p["machine_of"]
+    t = Table("machine", "address", "switches", "hosts", "cut links", title="placement by fabric unit")
+    for i, m in enumerate(p["machines"]):
+        switches = [s.name for s in plan.switches if where[s.name] == m]
+        hosts = [h.name for h in plan.hosts if where[h.name] == m]
+        ends = sum(1 for c in p["cut"] for end in c.split(":") if where[end.rsplit("-eth", 1)[0]] == m)
+        t.add_row(m + (" (head)" if i == 0 else ""), p["addresses"][m], " ".join(switches),
+                  f"{len(hosts)}: {' '.join(hosts[:8])}{' ...' if len(hosts) > 8 else ''}", str(ends))
+    out.print(t)
+    fabric = sum(1 for ln in plan.links if ln.kind == "fabric")
+    out.print(f"{len(p['cut'])} of {fabric} fabric links cross machines ({len(p['units'])} units kept whole); "
+              f"each crosses the underlay in a VXLAN tunnel of its own, which needs an underlay MTU of at least "
+              f"{p['underlay_mtu']} (fabric MTU {plan.mtu} + 50)", soft_wrap=True, highlight=False, markup=False)

@@ -11,6 +11,7 @@ from fabric_emu.spec.events import BackgroundSpec, CaptureSpec, EventSpec
 from fabric_emu.spec.fields import NAME_HELP, NAME_RE, Seconds, Strict
 from fabric_emu.spec.lb import IMPLEMENTED_LB, DlbSpec, SpraySpec
 from fabric_emu.spec.lossless import EcnSpec, PfcSpec, resolve_thresholds
+from fabric_emu.spec.machines import MachineSpec
 from fabric_emu.spec.pfcwd import PfcwdSpec
 from fabric_emu.spec.routing import FailoverSpec, PathSpec
 from fabric_emu.spec.topology import Topology, servers_of
@@ -60,6 +61,10 @@ class ExperimentSpec(Strict):
                                                 "another rail of another server first crosses the sender's "
                                                 "server to its GPU on that rail (NCCL's PXN); false: it "
                                                 "crosses between rails in the fabric")
+    machines: list[MachineSpec] = Field(
+        default_factory=list, max_length=64,
+        description="partition the fabric over these machines (the first is the head): none, or at least 2; "
+                    "`fabric-emu show` prints the placement and the links that cross machines")
     datapath: Literal["auto", "kernel", "userspace"] = Field(
         default="auto", description="Open vSwitch's datapath for the switches: kernel (openvswitch.ko, "
                                     "forwarding in softirq), userspace (ovs-vswitchd's thread) or auto (the "
@@ -116,6 +121,19 @@ class ExperimentSpec(Strict):
         return self.model_copy(update={
             "ecn": e.model_copy(update={"kmin": kmin, "kmax": kmax}),
             "pfc": p.model_copy(update={"headroom": headroom, "xoff": max(1, xoff), "xon": xon})})
+
+    @model_validator(mode="after")
+    def _machines_distinct(self):
+        if len(self.machines) == 1:
+            raise problem_at("ExperimentSpec", ("machines",),
+                             "one machine is no partition: list at least 2, or none to run on this one", None)
+        for field in ("name", "address"):
+            seen = [getattr(m, field) for m in self.machines]
+            for i, v in enumerate(seen):
+                if seen.index(v) != i:
+                    raise problem_at("ExperimentSpec", ("machines", i, field),
+                                     f"{v!r} is also machine {seen.index(v)}'s {field}", v)
+        return self
 
     @model_validator(mode="after")
     def _watchdog_needs_pfc(self):

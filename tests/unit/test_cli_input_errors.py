@@ -21,6 +21,17 @@ BAD = {
                               "exp.yaml: topology: file not found"),
     "unknown-host": ("name: e\ntopology: topo.yaml\nworkload: {type: allreduce, size: 1MB, ranks: [h1, h9]}\n",
                      "exp.yaml: workload.ranks: unknown host 'h9'"),
+    "one-machine": ("name: e\ntopology: topo.yaml\nworkload: {type: allreduce, size: 1MB}\n"
+                    "machines: [{name: a, address: 192.0.2.1}]\n", "exp.yaml: machines: one machine is no partition"),
+    "machine-address": ("name: e\ntopology: topo.yaml\nworkload: {type: allreduce, size: 1MB}\nmachines: "
+                        "[{name: a, address: 192.0.2.1}, {name: b, address: 'b;reboot'}]\n",
+                        "exp.yaml: machines.1.address: 'b;reboot' is not an IPv4"),
+    "more-machines-than-units": ("name: e\ntopology: topo.yaml\nworkload: {type: allreduce, size: 1MB}\nmachines: ["
+                                 + ", ".join(f"{{name: m{i}, address: 192.0.2.{i}}}" for i in range(1, 6)) + "]\n",
+                                 "exp.yaml: machines: 5 machines need at least 5 fabric units; this fabric has 4"),
+    "machines-run": ("name: e\ntopology: topo.yaml\nworkload: {type: allreduce, size: 1MB}\nmachines: "
+                     "[{name: a, address: 192.0.2.1}, {name: b, address: b.lab.example}]\n",
+                     "exp.yaml: machines: runs over several machines are not built yet"),
 }
 
 
