@@ -134,7 +134,8 @@ fi
 site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 mkdir -p "$venv/debian-mininet"
 ln -sfn /usr/lib/python3/dist-packages/mininet "$venv/debian-mininet/mininet"
-echo "$venv/debian-mininet" > "$site/debian_mininet.pth"
+# The venv's real path: a checkout whose .venv links to another's must not point it here.
+echo "$(cd "$venv" && pwd -P)/debian-mininet" > "$site/debian_mininet.pth"
 
 # What the venv is made of: the pins and pyproject's [project] table (its dependencies and
 # entry points), not the test and lint settings beside them.

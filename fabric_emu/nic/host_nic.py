@@ -156,7 +156,7 @@ class RecvQp:
                 "udp_src": self.qp.udp_sport, "bytes": r.bytes, "packets": r.packets,
                 "messages": r.messages, "duplicates": r.duplicates,
                 "out_of_sequence": r.out_of_sequence, "out_of_order": getattr(r, "out_of_order", 0),
-                "reordered": getattr(r, "reordered", 0),
+                "reordered": getattr(r, "reordered", 0), "reordered_last_at": getattr(r, "last_reordered_at", -1),
                 "acks_sent": r.acks_sent,
                 "naks_sent": r.naks_sent, "ecn_ce": self.ecn_ce, "cnp_sent": self.cnp_sent,
                 "first_rx": self.first_rx, "last_rx": self.last_rx, "rx_series": self._series()}

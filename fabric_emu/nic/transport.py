@@ -379,6 +379,7 @@ class Responder(_Acking):
         # Sequence errors a late packet filled (reordering, not loss). Exact when only data is
         # lost; a timeout that resends a NAKed packet already delivered also counts (lost ACKs).
         self.reordered = 0
+        self.last_reordered_at = -1  # packets accepted when the latest reordering was counted
         self.acks_sent = self.naks_sent = 0
 
     def on_packet(self, opcode: int, psn: int, data_len: int,
@@ -407,7 +408,7 @@ class Responder(_Acking):
         if d < 0:  # behind: a retransmission of something already accepted
             self.duplicates += 1
             if psn == self._naked_psn:  # the resend filled the gap and then the original came
-                self.reordered += 1
+                self._count_reordering()
                 self._naked_psn = -1
             elif psn_diff(psn, self.expected_psn) == -1:
                 self._late_fill()
@@ -431,10 +432,16 @@ class Responder(_Acking):
         A loss is neither: its gap is filled once, by the resend."""
         if not self._filled_gap:
             return False
-        self.reordered += 1
+        self._count_reordering()
         self._filled_gap = False
         self._naked_psn = -1
         return True
+
+    def _count_reordering(self) -> None:
+        """One reordering, and where in the flow it came (a new flow's first packets can be
+        reordered by a datapath that sets the flow up while they wait: results.trust)."""
+        self.reordered += 1
+        self.last_reordered_at = self.packets
 
     def on_run(self, psn: int, count: int, data_bytes: int) -> tuple[int, int] | None:
         """Process `count` WRITE MIDDLE packets with consecutive PSNs from psn, none asking for
@@ -448,7 +455,7 @@ class Responder(_Acking):
             dup = min(count, -d)
             self.duplicates += dup
             if self._naked_psn >= 0 and 0 <= psn_diff(self._naked_psn, psn) < dup:
-                self.reordered += 1
+                self._count_reordering()
                 self._naked_psn = -1
             elif -d <= count:  # the run holds a copy of the last packet accepted
                 self._late_fill()

@@ -78,12 +78,13 @@ class PortMaps:
                 out[f"paused_ns_p{p}"] += max(0, now - since)
         return out
 
-    def pairs(self) -> dict[tuple[int, int], int]:
-        """Lossless bytes held now per (ingress port id, egress port id) of a switch, where any."""
+    def pairs(self, signed: bool = False) -> dict[tuple[int, int], int]:
+        """Lossless bytes held now per (ingress port id, egress port id) of a switch, where any;
+        `signed`: every non-zero pair, a negative one (credited more than charged) included."""
         out = {}
         for key, value in bpfsys.map_items(self.pairs_fd, 4, 8):
-            (k,), (n,) = struct.unpack("=I", key), struct.unpack("=Q", value)
-            if 0 < n < 1 << 63:  # a frame credited at the far end a moment before its charge lands
+            (k,), (n,) = struct.unpack("=I", key), struct.unpack("=q" if signed else "=Q", value)
+            if (n != 0) if signed else (0 < n < 1 << 63):  # unsigned: a credit landing first
                 out[(k >> 16, k & 0xFFFF)] = n
         return out
 

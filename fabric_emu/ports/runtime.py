@@ -19,6 +19,7 @@ from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 
+from fabric_emu.cc.charges import charge_audit, signed
 from fabric_emu.cc.deadlock import waits_from_pairs
 from fabric_emu.ports import datapath
 from fabric_emu.ports.layout import NPRIO, PORT_ECN, PORT_PFC
@@ -284,6 +285,28 @@ class LosslessPorts:
         paused = [i for i in names if t.get(i, "paused_since", LOSSLESS)]
         # Without a pause there is no wait: the pair map (a bpf(2) call per pair) is left alone.
         return waits_from_pairs(self.maps.pairs() if paused else {}, names, paused)
+
+    def charges(self) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
+        """The lossless accounting now (fabric_emu.cc.charges): signed bytes charged per switch
+        port, and per (ingress, egress) switch port, by interface name."""
+        assert self.maps is not None
+        t = self.maps.table
+        intf = {e.id: e.intf for e in self.ports.ends}
+        held = {e.intf: signed(t.get(e.id, "held", LOSSLESS)) for e in self.ports.ends if e.role == "switch"}
+        pairs = {(intf[i], intf[o]): n for (i, o), n in self.maps.pairs(signed=True).items() if i in intf and o in intf}
+        return held, pairs
+
+    def settled_charges(self, timeout_s: float = 1.0, step_s: float = 0.1) -> dict:
+        """The accounting once two readings step_s apart agree (what was in flight has landed),
+        or the last reading after timeout_s: summary.json's `pfc_accounting`."""
+        last, deadline = self.charges(), time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            time.sleep(step_s)
+            now = self.charges()
+            if now == last:
+                return charge_audit(*now, settled=True)
+            last = now
+        return charge_audit(*last, settled=False)
 
     @cached_property
     def _switch_port_names(self) -> dict[int, tuple[str, str]]:

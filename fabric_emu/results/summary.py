@@ -9,7 +9,7 @@ the configuration echoed back.
 
 from __future__ import annotations
 
-from fabric_emu.kernel.ovs_datapath import datapath_fields
+from fabric_emu.kernel.ovs_datapath import datapath_fields, datapath_of
 from fabric_emu.results.deadline import deadline_report
 from fabric_emu.results.jobs import jobs_section, ring_section
 from fabric_emu.results.pfcwd import drops_counted_off_the_switches, label_storm_episodes, pfcwd_section
@@ -61,11 +61,13 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
         **({"pfc_reaction": reaction} if reaction else {}),
         **pfcwd,
         **({"deadlocks": deadlock_summary} if deadlock_summary is not None else {}),
+        **({"pfc_accounting": traffic["charges"]} if traffic.get("charges") else {}),  # fabric_emu.cc.charges
         **trust_section(spec, traffic.get("cpu") or {}, agents, ports, traffic.get("events") or [], daemon,
                         reaction, unexplained,
                         deadlocked=bool(deadlock_summary and deadlock_summary["deadlocked_at_end"]),
                         fault=state.get("error") if state.get("fault") else None,
-                        restarts=traffic.get("restarts") or []),
+                        restarts=traffic.get("restarts") or [], charges=traffic.get("charges"),
+                        datapath=datapath_of(plan.extra)),
         **({"dilation_auto": plan.extra["dilation_auto"]} if "dilation_auto" in plan.extra else {}),
         **({"restarts": traffic["restarts"]} if traffic.get("restarts") else {}),
     }

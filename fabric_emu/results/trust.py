@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from fabric_emu.cc.charges import charge_notes
 from fabric_emu.measure.counters import PortCounters
 from fabric_emu.measure.fidelity import scale_up_note, verdict
 from fabric_emu.ports.model import settings_of
@@ -17,23 +18,26 @@ from fabric_emu.state.supervise import when
 
 def trust_section(spec: ExperimentSpec, cpu: dict, agents: dict[str, dict], ports: list[PortCounters],
                   events: list[dict], daemon: dict, reaction: dict | None, unexplained: int,
-                  deadlocked: bool = False, fault: str | None = None, restarts: list[dict] = ()) -> dict:
+                  deadlocked: bool = False, fault: str | None = None, restarts: list[dict] = (),
+                  charges: dict | None = None, datapath: str = "userspace") -> dict:
     """summary.json's `fidelity` key, and `cpu` when the machine was sampled.
 
     cpu: the CPU monitor's report; events: the scheduled events that fired; daemon: the PFC
     daemon's report and reaction its summary (results.switch); unexplained: data packets lost
     where no switch counter saw them (results.transport); fault: the error of a run a dead part
     ended (its undelivered packets are that part's doing, not the machine's: no "raise the
-    dilation"); restarts: the parts the supervisor brought back (fabric_emu.state.supervise)."""
+    dilation"); restarts: the parts the supervisor brought back (fabric_emu.state.supervise);
+    charges: what the lossless accounting held at the end (fabric_emu.cc.charges); datapath: OVS's
+    (kernel or userspace)."""
     late = engine_lateness(agents)
     links_failed = any(e.get("kind") == "link" and e.get("state") == "down" and e.get("ok") for e in events)
     # A link taken down loses what was on it, where no switch queue counts it: expected. A run
     # that ended deadlocked lost nothing: what was not delivered is held in the paused buffers.
     warnings = verdict(cpu, list(late.values()), 0 if links_failed or deadlocked or fault else unexplained)
     warnings += restart_warnings(restarts)
-    reorder = reordering_warning(spec.load_balancing, agents, links_failed)
-    if reorder and not links_failed:
-        warnings.append(reorder)
+    reorder = reordering_warning(spec.load_balancing, agents, links_failed, datapath)
+    if reorder and reorder[1]:
+        warnings.append(reorder[0])
     if ports:
         ecn, pfc = settings_of(spec)
         warnings += lossless_warnings(ports, asdict(ecn), pfc, reaction)
@@ -50,11 +54,12 @@ def trust_section(spec: ExperimentSpec, cpu: dict, agents: dict[str, dict], port
     notes = [note] if note else []
     if su := scale_up_note(agents):
         notes.append(su)
+    notes += charge_notes(charges)
     machine = {k: v for k, v in cpu.items() if k.startswith("cpu_")}
     if kd := cpu.get("kernel_datapath"):  # no forwarding thread: the busiest CPU's softirq share
         machine["kernel_datapath_softirq_max"] = kd.get("softirq_busiest_cpu_max")
-    if reorder and links_failed:  # a rerouted flow may overtake itself: the fabric's doing
-        notes.append(reorder)
+    if reorder and not reorder[1]:  # a rerouted flow may overtake itself; a flow's set-up
+        notes.append(reorder[0])
     out: dict = {"fidelity": {**machine, "nic_engine_late_wakes_max": max(late.values()) if late else None,
                               "trusted": not warnings, "warnings": warnings, "notes": notes}}
     if cpu:
@@ -62,24 +67,37 @@ def trust_section(spec: ExperimentSpec, cpu: dict, agents: dict[str, dict], port
     return out
 
 
-def reordering_warning(load_balancing: str, agents: dict[str, dict], links_failed: bool) -> str | None:
+# A new flow's first packets: the kernel datapath sends them through ovs-vswitchd (an upcall)
+# while it installs the flow, and later packets that take the installed flow can overtake them.
+SETUP_PACKETS = 32
+
+
+def reordering_warning(load_balancing: str, agents: dict[str, dict], links_failed: bool,
+                       datapath: str = "userspace") -> tuple[str, bool] | None:
     """Packets of single-path flows (ECMP, DLB) that arrived out of order: the responder NAKs
     the gap and go-back-N resends what it discarded, so each episode costs time the fabric
     alone would not have spent. Spraying expects it (its receivers place packets by PSN).
-    A warning, but a note when links failed: a route that changes can reorder a flow in any
-    fabric."""
+    (text, whether it is a warning): a note when links failed (a route that changes can reorder
+    a flow in any fabric), or on the kernel datapath when every episode came within its flow's
+    first SETUP_PACKETS packets (flow set-up: an upcall, once per flow and switch)."""
     if load_balancing == "spray":
         return None
-    per_flow = {(h, q.get("src"), q.get("qpn")): q.get("reordered", 0)
-                for h, a in agents.items() for q in a.get("recv_qps", []) if q.get("reordered")}
-    if not per_flow:
+    qps = [q for a in agents.values() for q in a.get("recv_qps", []) if q.get("reordered")]
+    if not qps:
         return None
+    count = sum(q["reordered"] for q in qps)
+    at_setup = datapath == "kernel" and all(0 <= q.get("reordered_last_at", -1) < SETUP_PACKETS for q in qps)
+    if at_setup and not links_failed:
+        return (f"{count} time(s) packets of {len(qps)} single-path flow(s) arrived out of order, each within "
+                f"its flow's first {SETUP_PACKETS} packets: the kernel datapath hands a new flow's first packets "
+                "to ovs-vswitchd (an upcall) while later ones take the flow it installs; each cost a "
+                "go-back-N resend (flows.csv rx_reordered)"), False
     why = {"ecmp": "a route changed under them (link events)" if links_failed else
            "ECMP keeps a flow on one path, so the emulator reordered them",
            "dlb": "a flowlet moved to a shorter queue before the previous one drained "
            "(flowlet gap too short) or a route changed"}.get(load_balancing, "a route changed")
-    return (f"{sum(per_flow.values())} time(s) packets of {len(per_flow)} single-path flow(s) arrived out "
-            f"of order ({why}); each cost a go-back-N resend (flows.csv rx_reordered)")
+    return (f"{count} time(s) packets of {len(qps)} single-path flow(s) arrived out "
+            f"of order ({why}); each cost a go-back-N resend (flows.csv rx_reordered)"), not links_failed
 
 
 def restart_warnings(restarts: list[dict]) -> list[str]:

@@ -336,6 +336,7 @@ class Runner:
         self.times["traffic"] = time.monotonic() - t
         ended_monotonic = time.monotonic()
         port_after = lossless.counters()
+        charges = lossless.settled_charges() if self.spec.pfc.enabled and lossless.maps is not None else None
         # OVS died: its OpenFlow counters (and traces) went with it; the rest is still measured.
         ovs_gone = isinstance(cut_short, ComponentFailed) and cut_short.kind == "ovs"
         ports = [] if ovs_gone else counters.delta(counters.snapshot(self.plan, port_after), before)
@@ -355,7 +356,7 @@ class Runner:
                         "traffic_start": t, "thresholds": lossless.installed(), "nics": nics,
                         "events": fired, "lb": lb_state, "alone": alone, "background": flows_behind,
                         "ended_monotonic": ended_monotonic, "waits": waits.samples,
-                        "controller_outages": outages}
+                        "controller_outages": outages, "charges": charges}
         if cut_short is not None:
             raise cut_short
 

@@ -124,3 +124,8 @@ def test_a_routing_loop_kills_packets_by_ttl_and_deadlocks_above_a_rate(tmp_path
         # packets for the cut-off leaf died of old age, at the switches that saw them last
         assert expired > 0 and s["deadlocks"]["persistent"] == [], (expired, s["deadlocks"])
         assert s["switch"]["drops"] >= expired
+    # Open vSwitch drops an expired packet after its ingress port was charged for it: those bytes
+    # stay charged, in no queue, and the end-of-run audit finds them (never a credit too many).
+    acc = s["pfc_accounting"]
+    assert acc["settled"] and acc["leaked_bytes"] > 0 and acc["over_credited_bytes"] == 0, acc
+    assert acc["leaked_bytes"] + acc["queued_bytes"] == acc["held_bytes"]

@@ -70,6 +70,9 @@ def test_incast_with_pfc_loses_nothing_and_pauses_spread_upstream(incast):
     assert s["switch"]["pause_tx"] == sum(sent.values())
     assert s["switch"]["paused_fabric_us"] > 0 and s["nic"]["nics_paused"] > 0
     assert s["pfc_reaction"]["pauses_measured"] > 0
+    # Every byte charged at a switch's ingress was credited back when it arrived at the far end.
+    acc = s["pfc_accounting"]
+    assert acc["settled"] and acc["held_bytes"] == acc["leaked_bytes"] == acc["over_credited_bytes"] == 0, acc
     # Nothing says PFC is broken. How fast the pauses took effect is the machine's doing, not a
     # verdict on PFC (a shared CI machine once stalled one pause in ~1,200 for 7.4 ms): a late one
     # may only keep its frames past the headroom (headroom_overruns), and must say so.

@@ -21,6 +21,15 @@ def test_a_late_packet_then_a_gap_counts_one_reordering():
     assert r.reordered == 1 and r.out_of_sequence == 2
 
 
+def test_where_in_the_flow_the_reordering_came_is_kept():
+    r = Responder(start_psn=0, ack_every=100)
+    assert r.last_reordered_at == -1
+    feed(r, [0, 2, 1, 3])  # at the flow's start: 1 overtaken by 2
+    assert r.last_reordered_at == 2  # two packets accepted when it showed
+    feed(r, [2, 3, *range(4, 40), 41, 40, 42])  # the resend, then 40 overtaken by 41
+    assert r.reordered == 2 and r.last_reordered_at == 41
+
+
 def test_a_late_packet_then_its_resend_counts_one_reordering():
     r = Responder(start_psn=10, ack_every=100)
     feed(r, [10, 12, 11, 11, 12])  # the last packet of a flow overtaken; go-back-N resends 11, 12

@@ -71,12 +71,14 @@ def summary(io: Path, experiment: str) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
-def trusted(s: dict, reordering_allowed: bool = False) -> None:
+def trusted(s: dict) -> None:
     assert s["status"] == "ok", s["status"]
-    warnings = s["fidelity"]["warnings"]
-    if reordering_allowed:  # see the incast test
-        warnings = [w for w in warnings if "arrived out of order" not in w]
-    assert not warnings, s["fidelity"]["warnings"]
+    assert not s["fidelity"]["warnings"], s["fidelity"]["warnings"]
+    # The kernel datapath may reorder a flow's first packets while it sets the flow up (an
+    # upcall): measured at packets 2-4 of a 977-packet incast flow. The fidelity check makes
+    # that a note (results.trust.SETUP_PACKETS); reordering later in a flow stays a warning.
+    if s["transport"].get("reordered"):
+        assert any("an upcall" in n for n in s["fidelity"]["notes"]), s["fidelity"]["notes"]
 
 
 def test_the_set_up_inside_the_vm_loads_the_kernel_datapath(vm: Path):
@@ -95,12 +97,7 @@ def test_the_quickstart_is_trusted_at_link_rate_on_the_kernel_datapath(vm: Path)
 
 def test_the_pfc_incast_loses_nothing_and_pauses_spread_upstream_on_the_kernel_datapath(vm: Path):
     s = summary(vm, "incast")
-    # The kernel datapath once reordered a packet of one of the incast's ECMP flows (1 NAKed gap
-    # a late packet filled, nothing lost; the reordering warning, issue 20). Not yet explained
-    # (a flow's first packets held in an upcall while later ones take the installed flow is the
-    # suspect): allowed here, and only that warning, until it is.
-    trusted(s, reordering_allowed=True)
-    assert s["transport"]["reordered"] <= 2, s["transport"]
+    trusted(s)
     sw = s["switch"]
     assert sw["lossless_drops"] == 0 and s["transport"]["lost_packets"] == 0
     assert sw["pause_tx"] > 0
