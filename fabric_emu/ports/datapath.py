@@ -33,7 +33,8 @@ BPFFS = Path("/sys/fs/bpf")
 PIN_ROOT = BPFFS / "fabric-emu"
 CLSACT_INGRESS = 0xFFFFFFF2
 CLSACT_EGRESS = 0xFFFFFFF3
-PROGRAMS = ("switch_egress", "switch_ingress", "host_egress", "host_ingress", "qp_classify")
+PROGRAMS = ("switch_egress", "switch_ingress", "host_egress", "host_ingress", "qp_classify",
+            "stitch_out", "stitch_in")
 
 
 def build_object() -> Path:
@@ -142,6 +143,32 @@ def attach(pins: Path, ends: Iterable[PortEnd], netns_of: dict[str, str | None],
             os.close(fd)
         for sock in socks.values():
             sock.close()
+
+
+def attach_stitch(pins: Path, stitch_ifname: str, vxlan_ifname: str, netns: str | None = None) -> None:
+    """Join one end of a cross-machine link to its tunnel (port.c, "Cross-machine links"):
+    stitch_out on the stitch end's ingress, stitch_in on the VXLAN device's ingress, and where
+    each sends its frames. The targets go in first: a frame that met a filter with none would
+    be dropped."""
+    fds = {name: bpfsys.obj_get(str(pins / "progs" / name)) for name in ("stitch_out", "stitch_in")}
+    peers = bpfsys.obj_get(str(pins / "maps" / "stitch_peer"))
+    sock = rtnl.netlink_socket(netns)
+    try:
+        stitch, vxlan = rtnl.link_index(sock, stitch_ifname), rtnl.link_index(sock, vxlan_ifname)
+        bpfsys.map_update(peers, struct.pack("=I", stitch), struct.pack("=I", vxlan))
+        bpfsys.map_update(peers, struct.pack("=I", vxlan), struct.pack("=I", stitch))
+        b = Batch()
+        for index, name, prog in ((stitch, stitch_ifname, "stitch_out"), (vxlan, vxlan_ifname, "stitch_in")):
+            where = name + (f" in {netns}" if netns else "")
+            b.add(rtnl.RTM_NEWQDISC, rtnl.CREATE, rtnl.clsact_qdisc(index), f"{where}: clsact not created")
+            b.add(rtnl.RTM_NEWTFILTER, rtnl.CREATE, rtnl.bpf_filter(index, CLSACT_INGRESS, fds[prog], prog, 1),
+                  f"{where}: {prog} not attached")
+        b.send(sock)
+    finally:
+        sock.close()
+        os.close(peers)
+        for fd in fds.values():
+            os.close(fd)
 
 
 def configure(maps: PortMaps, port_id: int, fields: dict[str, int | list[int]]) -> None:

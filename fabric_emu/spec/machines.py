@@ -24,6 +24,12 @@ def underlay_mtu_needed(fabric_mtu: int) -> int:
     return fabric_mtu + VXLAN_OVERHEAD
 
 
+def fits_underlay(fabric_mtu: int, underlay_mtu: int) -> bool:
+    """Whether an underlay of this MTU carries the fabric's full frames: the tunnels never
+    fragment (fabric_emu.kernel.vxlan), so a smaller one loses every full frame."""
+    return underlay_mtu >= underlay_mtu_needed(fabric_mtu)
+
+
 class MachineSpec(Strict):
     """One machine of a partitioned fabric: it runs its share of switches and hosts, their NIC
     engines, PFC daemon and counters. The first listed is the head (controller, orchestrator)."""

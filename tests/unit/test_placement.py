@@ -13,7 +13,7 @@ from fabric_emu.run.show import print_plan
 from fabric_emu.spec.errors import SpecError
 from fabric_emu.spec.experiment import ExperimentSpec
 from fabric_emu.spec.load import load_topology
-from fabric_emu.spec.machines import underlay_mtu_needed
+from fabric_emu.spec.machines import fits_underlay, underlay_mtu_needed
 from fabric_emu.topo.placement import PlacementError, fabric_units, place
 from fabric_emu.topo.plan import FabricPlan, build_plan
 from tests.unit.test_custom_topology import custom
@@ -97,6 +97,12 @@ def test_underlay_mtu_holds_a_full_frame_in_vxlan():
     # outer IPv4 20 + UDP 8 + VXLAN 8 + the inner Ethernet frame (14 + MTU)
     assert underlay_mtu_needed(4200) == 4250
     assert underlay_mtu_needed(1500) == 1550
+
+
+def test_an_underlay_fits_from_the_mtu_it_needs_up():
+    assert fits_underlay(4200, 4250) and fits_underlay(4200, 9000)
+    assert not fits_underlay(4200, 4249) and not fits_underlay(4200, 1500)
+    assert fits_underlay(1500, 1550) and not fits_underlay(1500, 1500)  # a 1500-byte fabric needs more than 1500
 
 
 def experiment(**extra) -> ExperimentSpec:

@@ -644,4 +644,75 @@ int qp_classify(struct __sk_buff *skb)
 	return TC_ACT_OK;
 }
 
+/* Cross-machine links (issue 19). A link between two machines is, on each machine, the switch
+ * port's veth whose peer is a "stitch" end, and a VXLAN device per link to the other machine
+ * (fabric_emu/kernel/vxlan.py; no Linux bridge: it drops 01:80:c2:00:00:01, PFC frames). Each
+ * machine has its own `ports` map holding only its own ports (port ids are global), so:
+ *
+ *   stitch_out     the stitch end, ingress (frames leaving this machine): a tagged data frame
+ *                  "arrives" as it leaves the machine (the underlay's time is not modelled; the
+ *                  issue's preflight bounds it), so the far end's credits are made here, where
+ *                  the sender's entries live, as ingress() does; then the tag is cleared, lest
+ *                  the other machine credit entries it does not own. MAC control (PFC) frames
+ *                  keep their tag: it carries the pausing port's global id. Either way the frame
+ *                  goes out of the link's VXLAN device.
+ *   stitch_in      the VXLAN device, ingress (frames from the other machine): out of the stitch
+ *                  end, so they reach the switch port's ingress as over a local link.
+ *
+ * Where each goes: ifindex -> ifindex (stitch end -> VXLAN device and back), per link, filled
+ * by fabric_emu.ports.datapath.attach_stitch. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_PORTS);
+	__type(key, __u32);
+	__type(value, __u32);
+} stitch_peer SEC(".maps");
+
+/* 02:00: a locally administered unicast MAC that is no tag (the other four bytes stay). */
+#define UNTAG0 0x02
+#define UNTAG1 0x00
+
+SEC("tc")
+int stitch_out(struct __sk_buff *skb)
+{
+	__u32 ifindex = skb->ifindex, len = skb->len;
+	__u32 *to = bpf_map_lookup_elem(&stitch_peer, &ifindex);
+
+	if (!to)
+		return TC_ACT_SHOT;	/* a stitch end without its tunnel: nowhere to go */
+	__u32 target = *to;
+	pull_headers(skb);
+	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip;
+
+	if ((void *)(eth + 1) > end || eth->h_proto == bpf_htons(ETH_P_MAC_CONTROL) ||
+	    eth->h_source[0] != TAG0 || eth->h_source[1] != TAG1)
+		return bpf_redirect(target, 0);
+	__u32 prio = prio_of(data, end, &ip) & (NPRIO - 1);
+	__u32 in_id = (eth->h_source[2] << 8) | eth->h_source[3];
+	__u32 out_id = (eth->h_source[4] << 8) | eth->h_source[5];
+	struct port *from = bpf_map_lookup_elem(&ports, &out_id);
+	if (from) {
+		__sync_fetch_and_sub(&from->queue[prio], len);
+		struct port *in = in_id != NO_PORT ? bpf_map_lookup_elem(&ports, &in_id) : 0;
+		if (in && prio == PRIO_LOSSLESS && (from->flags & PORT_PFC)) {
+			credit_held(in, in_id, prio, len);
+			pair_add(in_id, out_id, len, 1);
+		}
+	}
+	__u8 untag[2] = {UNTAG0, UNTAG1};
+	bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_source), untag, 2, 0);
+	return bpf_redirect(target, 0);
+}
+
+SEC("tc")
+int stitch_in(struct __sk_buff *skb)
+{
+	__u32 ifindex = skb->ifindex;
+	__u32 *to = bpf_map_lookup_elem(&stitch_peer, &ifindex);
+
+	return to ? bpf_redirect(*to, 0) : TC_ACT_SHOT;
+}
+
 char LICENSE[] SEC("license") = "GPL";
