@@ -36,12 +36,6 @@ class Placement:
     units: tuple[Unit, ...]
     cut: tuple[Link, ...]  # fabric links whose two ends are on different machines
 
-    def switches_on(self, plan: FabricPlan, machine: str) -> list[str]:
-        return [s.name for s in plan.switches if self.machine_of[s.name] == machine]
-
-    def hosts_on(self, plan: FabricPlan, machine: str) -> list[str]:
-        return [h.name for h in plan.hosts if self.machine_of[h.name] == machine]
-
     def to_dict(self) -> dict:
         return {"machines": list(self.machines), "machine_of": self.machine_of,
                 "units": [{"name": u.name, "switches": list(u.switches), "hosts": list(u.hosts)} for u in self.units],

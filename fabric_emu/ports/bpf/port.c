@@ -306,6 +306,24 @@ static __always_inline void credit_held(struct port *in, __u32 in_id, __u32 prio
 	}
 }
 
+/* A tagged frame has arrived at the far end of its link (or left its machine: stitch_out):
+ * credit the queue of the port that sent it and, for a lossless frame, the ingress port and
+ * pair it was charged to. Returns the sending port, if it is one of this map's. */
+static __always_inline struct port *credit_arrival(__u32 in_id, __u32 out_id, __u32 prio, __u32 len)
+{
+	struct port *from = bpf_map_lookup_elem(&ports, &out_id);
+
+	if (!from)
+		return 0;
+	__sync_fetch_and_sub(&from->queue[prio], len);
+	struct port *in = in_id != NO_PORT ? bpf_map_lookup_elem(&ports, &in_id) : 0;
+	if (in && prio == PRIO_LOSSLESS && (from->flags & PORT_PFC)) {
+		credit_held(in, in_id, prio, len);
+		pair_add(in_id, out_id, len, 1);
+	}
+	return from;
+}
+
 /* The NIC's receive buffer (see struct port): what the host drained since the last frame
  * leaves it, this frame enters it, or is dropped when it does not fit. One NIC's frames arrive
  * on its veth's one receive path, so plain stores are enough. */
@@ -480,16 +498,8 @@ static __always_inline int ingress(struct __sk_buff *skb, int at_switch)
 				emit(bpf_map_lookup_elem(&ports, &out_id), EV_PFC_RX, out_id, bpf_ntohs(f->time[PRIO_LOSSLESS]), bpf_ntohs(f->vector), 0);
 			return TC_ACT_SHOT;
 		}
-		from = bpf_map_lookup_elem(&ports, &out_id);
+		from = credit_arrival(in_id, out_id, prio, len);
 		from_id = out_id;
-		if (from) {
-			__sync_fetch_and_sub(&from->queue[prio], len);
-			struct port *in = in_id != NO_PORT ? bpf_map_lookup_elem(&ports, &in_id) : 0;
-			if (in && prio == PRIO_LOSSLESS && (from->flags & PORT_PFC)) {
-				credit_held(in, in_id, prio, len);
-				pair_add(in_id, out_id, len, 1);
-			}
-		}
 	}
 	if (prio != PRIO_LOSSLESS)
 		return TC_ACT_OK;
@@ -692,15 +702,7 @@ int stitch_out(struct __sk_buff *skb)
 	__u32 prio = prio_of(data, end, &ip) & (NPRIO - 1);
 	__u32 in_id = (eth->h_source[2] << 8) | eth->h_source[3];
 	__u32 out_id = (eth->h_source[4] << 8) | eth->h_source[5];
-	struct port *from = bpf_map_lookup_elem(&ports, &out_id);
-	if (from) {
-		__sync_fetch_and_sub(&from->queue[prio], len);
-		struct port *in = in_id != NO_PORT ? bpf_map_lookup_elem(&ports, &in_id) : 0;
-		if (in && prio == PRIO_LOSSLESS && (from->flags & PORT_PFC)) {
-			credit_held(in, in_id, prio, len);
-			pair_add(in_id, out_id, len, 1);
-		}
-	}
+	credit_arrival(in_id, out_id, prio, len);
 	__u8 untag[2] = {UNTAG0, UNTAG1};
 	bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_source), untag, 2, 0);
 	return bpf_redirect(target, 0);
