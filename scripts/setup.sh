@@ -23,6 +23,10 @@ apt_packages_for() {
     clang llvm libbpf-dev linux-libc-dev
     python3 python3-venv python3-dev git
     prometheus  # the metrics integration test runs its own server (the service is not started)
+    # Several machines (issue 19): Mininet Cluster Edition drives its servers over ssh and runs
+    # their commands through sudo; the tests stand two servers up on this machine, each with its
+    # own sshd (tests/integration/servers.py). The system-wide sshd is never started (below).
+    openssh-server openssh-client sudo
   )
   # bpftool (loads the port programs) is its own package on Debian 12 but part of linux-tools on
   # Ubuntu 24.04, whose bpftool wrapper needs the tools of the running kernel's flavour.
@@ -57,17 +61,29 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   # tshark asks whether non-root users may capture; answer for it.
   echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
-  # Debian's prometheus package would start a server on every address (:9090); we only want
-  # the binary (tests run their own, on loopback). Masking first keeps it from ever starting.
-  # Without systemd, the package's init script would start it instead: a policy-rc.d that
-  # refuses just that service, for the install only (and only if the machine has none).
+  # Debian's prometheus package would start a server on every address (:9090), and its
+  # openssh-server an sshd on every address (:22); we only want the binaries (tests run their
+  # own, on loopback or private addresses). Masking first keeps them from ever starting (ssh.socket:
+  # Ubuntu 24.04 starts sshd by socket activation); they stay masked, so no boot starts them
+  # either (`systemctl unmask ssh.service ssh.socket` to have a system-wide sshd after all).
+  # Without systemd, the packages' init scripts would start them instead: a policy-rc.d that
+  # refuses just those services, for the install only (and only if the machine has none).
+  # Only for packages being installed now: an sshd the machine already runs (a Vagrant box's)
+  # is left alone.
   policy=/usr/sbin/policy-rc.d
   own_policy=""
+  refuse_units=() refuse_services=()
   if [[ " ${missing[*]} " == *" prometheus "* ]]; then
+    refuse_units+=(prometheus.service) refuse_services+=(prometheus)
+  fi
+  if [[ " ${missing[*]} " == *" openssh-server "* ]]; then
+    refuse_units+=(ssh.service ssh.socket) refuse_services+=(ssh sshd)
+  fi
+  if [ ${#refuse_units[@]} -gt 0 ]; then
     if [ -d /run/systemd/system ]; then
-      systemctl mask prometheus.service >/dev/null 2>&1 || true
+      systemctl mask "${refuse_units[@]}" >/dev/null 2>&1 || true
     elif [ ! -e "$policy" ]; then
-      printf '#!/bin/sh\n[ "$1" = prometheus ] && exit 101\nexit 0\n' > "$policy"
+      printf '#!/bin/sh\ncase "$1" in %s) exit 101 ;; esac\nexit 0\n' "$(IFS='|'; echo "${refuse_services[*]}")" > "$policy"
       chmod 755 "$policy"
       own_policy=1
     fi
@@ -75,6 +91,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${apt_packages[@]}" >/dev/null
   if [ -n "$own_policy" ]; then rm -f "$policy"; fi
+  # A policy-rc.d the machine already had may have let the package's init script start sshd
+  # anyway: stop exactly that one (the package's own pid file), it was started by this install.
+  if [[ " ${missing[*]} " == *" openssh-server "* ]] && [ ! -d /run/systemd/system ] && [ -s /run/sshd.pid ]; then
+    log "stopping the system-wide sshd the openssh-server install started"
+    start-stop-daemon --stop --quiet --oknodo --pidfile /run/sshd.pid --exec /usr/sbin/sshd || true
+  fi
 fi
 mkdir -p "$stamp_dir" && touch "$apt_stamp"
 
