@@ -320,7 +320,7 @@ class Runner:
         with CpuMonitor(processes=self._watched(), datapath=datapath_of(self.plan.extra)) as cpu, counters.QueueSampler(
                 self.plan, lossless.backlogs_now, lossless.paused_now) as queues, progress, DeadlockSampler(
                 lossless.waits_now) as waits:
-            keeper.on_new_pid = cpu.watch
+            keeper.on_new_pid = supervisor.on_new_pid = cpu.watch
             try:  # the NIC engines register with cpu.watch as they start
                 agents = run_agents(self.spec, self.plan, self.ranks, self.routed.fabric, record,
                                     workdir, self.say, watch=cpu.watch, info=self.nic_info,

@@ -86,6 +86,9 @@ class Supervisor:
     interval_s: float = CHECK_INTERVAL_S
     components: dict[str, Component] = field(default_factory=dict)
     restarts: list[dict] = field(default_factory=list)  # what came back: the summary's record
+    # told of a restarted part's new process (restart() returning {"pid": ...}): the CPU
+    # monitor's watch, so a restarted daemon's CPU is sampled, not its dead predecessor's
+    on_new_pid: Callable[[int, str], None] | None = None
     started: float | None = None  # when traffic started (monotonic), for "at 1.8 s"
     _last: float = float("-inf")
 
@@ -122,6 +125,8 @@ class Supervisor:
                 info = c.restart()
                 self.restarts.append({"component": c.name, "kind": c.kind, "how": how, "at_s": at,
                                       "restarted_in_s": round(self.clock() - t, 3), **info})
+                if self.on_new_pid is not None and "pid" in info:
+                    self.on_new_pid(info["pid"], c.kind)
                 continue
             again = f" (it had been restarted {done} time(s))" if done else ""
             raise ComponentFailed(death_message(c.name, how + again, at), c.kind, at)

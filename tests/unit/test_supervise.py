@@ -127,3 +127,24 @@ def test_a_dead_part_is_not_blamed_on_the_dilation():
     told = trust_section(spec, {}, {}, [], [], {}, None, 710, fault=fault)["fidelity"]
     assert not any("raise the dilation" in w for w in told["warnings"])
     assert told["notes"] == [f"710 packet(s) sent were not delivered: the run was cut short ({fault})"]
+
+
+def test_a_restarted_part_s_new_process_is_handed_on():
+    """The CPU monitor must sample a restarted daemon, not only its dead predecessor."""
+    pids = iter([4101, 4102])
+    dead = {"now": False}
+    watched: list[tuple[int, str]] = []
+
+    def restart() -> dict:
+        dead["now"] = False
+        return {"pid": next(pids)}
+
+    sup = Supervisor(interval_s=0.0, on_new_pid=lambda pid, kind: watched.append((pid, kind)))
+    sup.add(Component("the PFC daemon", "pfc-daemon", "restart", probe=lambda: "stopped" if dead["now"] else None,
+                      restart=restart))
+    sup.add(Component("the exporter", "exporter", "fail", probe=lambda: None))
+    for _ in range(2):
+        dead["now"] = True
+        sup.check()
+    sup.check()
+    assert watched == [(4101, "pfc-daemon"), (4102, "pfc-daemon")]
