@@ -19,7 +19,7 @@ Buffer model (static thresholds, documented in docs/lossless-ports.md):
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from fabric_emu.cc.pfcwd import Timers
 from fabric_emu.cc.red import pmax_scaled
@@ -154,7 +154,7 @@ class PortPlan:
             return []
         roles = {e.id: e.role for e in self.ends}
         return [e for e in self.ends if e.role == "switch"
-                and (self.watchdog_ports == "all" or roles[e.peer_id] == "host")]
+                and (self.watchdog_ports == "all" or roles.get(e.peer_id) == "host")]
 
 
 def port_plan(plan: FabricPlan, ecn: EcnSettings, pfc: PfcSettings, watchdog: Timers | None = None,
@@ -199,3 +199,15 @@ def watchdog_timers(spec) -> Timers | None:
         return None
     return Timers(round(wd.detection_time * 1e9), round(wd.restoration_time * 1e9),
                   round(wd.poll_interval * 1e9), wd.action)
+
+
+def share_of(ports: PortPlan, machine_of: dict[str, str], machine: str) -> PortPlan:
+    """One machine's share of a fabric's ports (issue 19): the link ends of its nodes."""
+    return replace(ports, ends=[e for e in ports.ends if machine_of[e.node] == machine])
+
+
+def remote_peers(ports: PortPlan, machine_of: dict[str, str], machine: str) -> dict[int, int]:
+    """Ports on other machines whose peer is on this one (the cut links' far ends): far id -> id here."""
+    node = {e.id: e.node for e in ports.ends}
+    return {e.peer_id: e.id for e in ports.ends
+            if machine_of[e.node] == machine and machine_of[node[e.peer_id]] != machine}

@@ -93,11 +93,15 @@ class Config:
     seed: int = 0  # the switches' poll phases
     nic_stall_guard_s: float | None = None  # modelled; None: storming NICs never stop
     nic_rx_xon: int | None = None  # the NICs' receive buffers resume below this (None: not modelled)
+    # A fabric over several machines (issue 19): a pause frame from a port on another machine
+    # names that port (its global id, port.c's stitch_out); this is its peer here, the port to pause.
+    remote_peers: dict[int, int] = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: str) -> "Config":
         raw = json.loads(Path(path).read_text())
         raw["ports"] = [DaemonPort(**p) for p in raw["ports"]]
+        raw["remote_peers"] = {int(k): v for k, v in raw.get("remote_peers", {}).items()}
         if raw.get("watchdog"):
             raw["watchdog"] = Timers(**raw["watchdog"])
         return cls(**raw)
@@ -105,6 +109,13 @@ class Config:
     def dump(self) -> str:
         from dataclasses import asdict
         return json.dumps(asdict(self), indent=1)
+
+
+def paused_by(ports: dict[int, DaemonPort], remote_peers: dict[int, int], sender: int) -> int:
+    """The port here that a pause frame sent by port `sender` pauses (its peer), NO_PORT if none:
+    the sender is a port here, or one on another machine whose peer is here (remote_peers)."""
+    peer = ports[sender].peer_id if sender in ports else remote_peers.get(sender, NO_PORT)
+    return peer if peer in ports else NO_PORT
 
 
 def tag_mac(port_id: int) -> bytes:
@@ -236,9 +247,9 @@ class Daemon:
             self._send(ev.port, self.senders[ev.port].on_xon(now))
         elif ev.type == EV_NIC_XOFF and ev.port in self.ports:
             self._nic_xoff(self.ports[ev.port].peer_id, now)
-        elif ev.type == EV_PFC_RX and ev.port in self.ports and ev.vector & (1 << LOSSLESS):
-            receiver = self.ports[ev.port].peer_id
-            if receiver == NO_PORT or receiver not in self.ports:
+        elif ev.type == EV_PFC_RX and ev.vector & (1 << LOSSLESS):
+            receiver = paused_by(self.ports, self.cfg.remote_peers, ev.port)
+            if receiver == NO_PORT:
                 return
             self.frames_received += 1
             self.maps.table.add(receiver, "pause_rx", 1, LOSSLESS)

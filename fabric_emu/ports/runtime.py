@@ -34,8 +34,10 @@ READY_TIMEOUT_S = 20.0
 
 
 class LosslessPorts:
-    def __init__(self, ports: PortPlan, record: RunRecord, workdir: Path):
+    def __init__(self, ports: PortPlan, record: RunRecord, workdir: Path,
+                 remote_peers: dict[int, int] | None = None):
         self.ports = ports
+        self.remote_peers = remote_peers or {}  # one machine's share of a fabric: see pfcd.Config
         self.record = record
         self.workdir = workdir
         self.pins = datapath.pin_dir(record.run_id)
@@ -75,7 +77,8 @@ class LosslessPorts:
                          for e in self.ports.ends], watchdog=self.ports.watchdog,
                      watched=[e.id for e in self.ports.watched()], seed=self.ports.watchdog_seed,
                      nic_stall_guard_s=self.ports.nic_stall_guard_s,
-                     nic_rx_xon=self.ports.nic_receive[3] if self.ports.nic_receive else None)
+                     nic_rx_xon=self.ports.nic_receive[3] if self.ports.nic_receive else None,
+                     remote_peers=self.remote_peers)
         path = self.workdir / "pfcd.config.json"
         path.write_text(cfg.dump())
         log = open(self.workdir / "pfcd.log", "w")
@@ -108,7 +111,7 @@ class LosslessPorts:
             if end.role != "switch":
                 continue
             datapath.configure(self.maps, end.id, bpf_config(self.ports.switch))
-            if roles[end.peer_id] == "host":
+            if roles.get(end.peer_id) == "host":  # a peer on another machine is a switch
                 datapath.configure(self.maps, end.id, {**nic_receive_config(self.ports), "nic_rx_occ": 0,
                                                        "nic_rx_last": 0, "nic_rx_state": 0})
 
@@ -166,7 +169,7 @@ class LosslessPorts:
         self._wait_daemon()
         if self.ports.watchdog is not None and self._traffic_go is not None:  # its polls count from now
             self.daemon.send_signal(signal.SIGUSR2)
-        return {"gates_reopened": reopened, "watchdog_holds_released": held}
+        return {"gates_reopened": reopened, "watchdog_holds_released": held, "pid": self.daemon.pid}
 
     def _stop_daemon(self) -> dict:
         stats: dict = {}
@@ -312,7 +315,7 @@ class LosslessPorts:
     def _switch_port_names(self) -> dict[int, tuple[str, str]]:
         """Each switch port's id -> (its switch, the node at its far end)."""
         node = {e.id: e.node for e in self.ports.ends}
-        return {e.id: (e.node, node[e.peer_id]) for e in self.ports.ends if e.role == "switch"}
+        return {e.id: (e.node, node.get(e.peer_id, "")) for e in self.ports.ends if e.role == "switch"}
 
     def paused_now(self) -> dict[str, bool]:
         """Whether each port's lossless class is paused at this instant (for samplers)."""

@@ -74,7 +74,9 @@ def _delete_interfaces(names: list[str]) -> list[str]:
             link = ipr.get_links(idx[0])[0]
             info = link.get_attr("IFLA_LINKINFO")
             kind = info.get_attr("IFLA_INFO_KIND") if info else None
-            if kind != "veth":  # our link ends are always veths; leave anything else alone
+            # our link ends are veths, a cut link's tunnel a VXLAN device (issue 19); a name of
+            # ours on anything else is not ours: left alone
+            if kind not in ("veth", "vxlan"):
                 continue
             try:
                 ipr.link("del", index=idx[0])

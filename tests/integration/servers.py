@@ -17,11 +17,12 @@ servers directly and is invisible from the root namespace. Management (mgmtN) ca
 through ssh tunnels, the OpenFlow control channel, so cutting the underlay leaves it alone.
 
 Each server has private /run (so /run/openvswitch and /run/sshd), /etc/openvswitch (its
-conf.db) and /var/log (OVS logs, and the wtmp/lastlog sshd writes), all bind-mounted from the
+conf.db), /var/log (OVS logs, and the wtmp/lastlog sshd writes) and /var/lib/fabric-emu (its
+run records, run lock and compile caches: a machine's own), all bind-mounted from the
 harness's temporary folder, and a sysfs of its own (/sys/class/net lists its interfaces, not
 the root namespace's) with a bpf file system of its own (/sys/fs/bpf: pins per server). The
 rest of the file system is shared, as a cluster shares its software: the repository, the venv,
-/tmp, and /var/lib/fabric-emu (run records, run lock, compile caches). No UTS namespace: the
+and /tmp (so whatever a test needs on a server goes there through ssh, not through /tmp). No UTS namespace: the
 servers keep this machine's host name, which /etc/hosts resolves, so sudo on them prints no
 "unable to resolve host".
 
@@ -51,6 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 OVS_CTL = "/usr/share/openvswitch/scripts/ovs-ctl"
+STATE_DIR = Path("/var/lib/fabric-emu")
 SSHD = "/usr/sbin/sshd"
 UNDERLAY_IF = "ul0"
 MGMT_IF = "mgmt0"
@@ -275,7 +277,7 @@ class _Harness:
     def _start_init(self, n: int) -> None:
         """Server n's namespaces and init, then its private state folders mounted, lo up."""
         d = self.server_dir(n)
-        for sub in ("run/openvswitch", "run/sshd", "run/lock", "etc-openvswitch", "log/openvswitch"):
+        for sub in ("run/openvswitch", "run/sshd", "run/lock", "etc-openvswitch", "log/openvswitch", "state"):
             (d / sub).mkdir(parents=True)
         os.chmod(d / "run/lock", 0o1777)
         # setpriv: if this process dies, unshare is killed, and --kill-child takes its child.
@@ -298,7 +300,9 @@ class _Harness:
         nspid = Path(f"/proc/{init}/status").read_text().split("NSpid:")[1].split("\n")[0].split()
         if nspid != [str(init), "1"]:
             raise RuntimeError(f"server s{n}'s init {init} has NSpid {nspid}, expected [{init}, 1]")
-        binds = [(d / "run", "/run"), (d / "etc-openvswitch", "/etc/openvswitch"), (d / "log", "/var/log")]
+        STATE_DIR.mkdir(parents=True, exist_ok=True)  # the mount point (scripts/setup.sh makes it)
+        binds = [(d / "run", "/run"), (d / "etc-openvswitch", "/etc/openvswitch"), (d / "log", "/var/log"),
+                 (d / "state", str(STATE_DIR))]
         if not os.path.islink("/var/run"):
             binds.append((d / "run", "/var/run"))
         for src, dst in binds:

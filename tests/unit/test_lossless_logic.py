@@ -279,3 +279,23 @@ def test_the_daemon_settles_its_heap_and_counts_full_collections() -> None:
     finally:
         gc.callbacks.remove(collections._on_gc)
         gc.unfreeze()
+
+
+def test_a_pause_from_another_machine_pauses_its_peer_here(tmp_path: Path) -> None:
+    """Over several machines (issue 19) a pause frame names its sender by global id, a port
+    the daemon here does not run: remote_peers maps it to the port here that it pauses."""
+    from fabric_emu.ports.layout import NO_PORT
+    from fabric_emu.ports.pfcd import Config, DaemonPort, paused_by
+
+    def port(pid: int, peer: int) -> DaemonPort:
+        return DaemonPort(pid, "spine1", f"spine1-eth{pid}", peer, "switch", 100.0, 1e7, 4200, 64000, None, True)
+
+    ports = {5: port(5, 6), 6: port(6, 5), 7: port(7, 40)}  # 40: leaf2-eth3, on the other machine
+    assert paused_by(ports, {}, 5) == 6
+    assert paused_by(ports, {}, 40) == NO_PORT  # unknown here
+    assert paused_by(ports, {40: 7}, 40) == 7
+    assert paused_by(ports, {41: 99}, 41) == NO_PORT  # its peer is not here either
+    cfg = Config(pins="/x", dilation=1000.0, quanta=0xFFFF, stats_path="/y", ports=list(ports.values()),
+                 remote_peers={40: 7})
+    (tmp_path / "c.json").write_text(cfg.dump())
+    assert Config.load(str(tmp_path / "c.json")).remote_peers == {40: 7}

@@ -1,0 +1,49 @@
+"""The pure parts of the Cluster Edition adapters (fabric_emu.fabric.cluster): which link gets
+which VNI, where nodes go, and the commands that make one machine's end of a cut link."""
+
+from __future__ import annotations
+
+import pytest
+
+from fabric_emu.fabric.cluster import placer_for, stitch_commands, stitch_link_for, Machine
+from fabric_emu.spec.topology import TopologySpec
+from fabric_emu.topo.placement import place
+from fabric_emu.topo.plan import build_plan
+
+
+@pytest.fixture
+def plan():
+    return build_plan(TopologySpec(name="t", kind="leaf-spine", spines=2, leaves=2, hosts_per_leaf=2))
+
+
+def test_the_placer_answers_from_the_placement(plan) -> None:
+    placement = place(plan, ["a", "b"])
+    placer = placer_for(placement)(servers=["a", "b"])
+    assert {n: placer.place(n) for n in ("leaf1", "h1", "h2", "leaf2", "h3", "h4")} == \
+        {"leaf1": "a", "h1": "a", "h2": "a", "leaf2": "b", "h3": "b", "h4": "b"}
+    assert {placer.place("spine1"), placer.place("spine2")} == {"a", "b"}
+
+
+def test_only_cut_links_get_a_vni_each(plan) -> None:
+    placement = place(plan, ["a", "b"])
+    link = stitch_link_for(plan, placement, [Machine("a", "10.0.9.1", "10.0.9.1"), Machine("b", "10.0.9.2", "10.0.9.2")])
+    assert len(placement.cut) == 2
+    assert sorted(link.vnis.values()) == sorted(set(link.vnis.values()))
+    assert {frozenset((ln.a_intf, ln.b_intf)) for ln in placement.cut} == set(link.vnis)
+    assert link.mtu == plan.mtu
+
+
+def test_stitch_commands_redirect_both_ways_and_never_fragment() -> None:
+    cmds = stitch_commands("leaf1-eth4", 7, "10.210.0.1", "10.210.0.2", "ul0", 4200)
+    joined = "\n".join(cmds)
+    assert "type veth peer name fest7 mtu 4200" in cmds[0]
+    assert "vxlan id 7 local 10.210.0.1 remote 10.210.0.2 dstport 4789 dev ul0 nolearning df set" in joined
+    assert "dev fest7 ingress protocol all u32 match u32 0 0 action mirred egress redirect dev fevx7" in joined
+    assert "dev fevx7 ingress protocol all u32 match u32 0 0 action mirred egress redirect dev fest7" in joined
+
+
+@pytest.mark.parametrize("intf, local", [("leaf1;rm -rf /", "10.0.0.1"), ("leaf1-eth4", "10.0.0.1 ; true"),
+                                          ("a-name-far-too-long", "10.0.0.1")])
+def test_stitch_commands_refuse_names_that_would_reach_a_shell(intf: str, local: str) -> None:
+    with pytest.raises(ValueError):
+        stitch_commands(intf, 7, local, "10.210.0.2", "ul0", 4200)
