@@ -344,6 +344,51 @@ class ClusterFabric:
             self.agents = MachineAgents(self.ssh_config, self.machines, self.jobs(*self.lossless),
                                         on_start=lambda pid, name: self._record([(pid, f"ssh machine agent {name}")]))
 
+    # -- what the NIC engines need of the fabric (fabric_emu.nic.launch: fabric, EngineSite) --
+    def netns_of(self, node: str) -> str | None:
+        """A host's namespace as its machine sees it (where its engine runs)."""
+        assert self.net is not None
+        return f"/proc/{self.net.get(node).pid}/ns/net" if node in self.plan.host_by_name else None
+
+    def check_reachable(self, ranks: list[str], attempts: int = 3) -> None:
+        """Every rank pings its ring neighbour (which also fills the ARP caches)."""
+        assert self.net is not None
+        pending = [(a, ranks[(i + 1) % len(ranks)]) for i, a in enumerate(ranks)]
+        for _ in range(attempts):
+            pending = [(a, b) for a, b in pending if " 1 received" not in
+                       self.net.get(a).cmd(f"ping -c1 -W2 -q {self.plan.host_by_name[b].ip}")]
+            if not pending:
+                return
+        raise RuntimeError("no connectivity: " + ", ".join(f"{a} -> {b}" for a, b in pending))
+
+    def machine_of(self, host: str) -> str:
+        return self.placement.machine_of[host]
+
+    def machine_workdir(self, machine: str) -> Path:
+        assert self.agents is not None, "the machines' shares are not up"
+        return self.agents.workdirs[machine]
+
+    def _machine(self, name: str) -> Machine:
+        return next(m for m in self.machines if m.name == name)
+
+    def start_engine(self, machine: str, config_path: Path, config_json: str, log) -> subprocess.Popen:
+        """A NIC engine on that machine over ssh (its config written there first): it stops when
+        told, or when this ssh ends (its stdin closes)."""
+        m, repo = self._machine(machine), Path(__file__).resolve().parents[2]
+        ssh = ["ssh", "-F", str(self.ssh_config), "-o", "BatchMode=yes", m.ssh_address]
+        subprocess.run(ssh + [f"cat > {shlex.quote(str(config_path))}"], input=config_json, text=True,
+                       check=True, timeout=60)
+        remote = (f"cd {shlex.quote(str(repo))} && exec {shlex.quote(sys.executable)} -m fabric_emu.nic "
+                  f"{shlex.quote(str(config_path))}")
+        return subprocess.Popen(ssh + [remote], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                text=True, bufsize=1)
+
+    def read(self, machine: str, path: Path) -> str | None:
+        done = subprocess.run(["ssh", "-F", str(self.ssh_config), "-o", "BatchMode=yes",
+                               self._machine(machine).ssh_address, f"cat {shlex.quote(str(path))}"],
+                              capture_output=True, text=True, timeout=60)
+        return done.stdout if done.returncode == 0 else None
+
     def _record(self, processes: list[tuple[int, str]]) -> None:
         if self.record is not None:
             self.record.add_processes(processes)
@@ -382,8 +427,6 @@ class ClusterFabric:
                     self.tunnels = None
         return stats
 
-    def machine_of(self, node: str) -> str:
-        return self.placement.machine_of[node]
 
 
 class MachineAgents:
@@ -398,6 +441,7 @@ class MachineAgents:
         repo = Path(__file__).resolve().parents[2]
         remote = f"cd {shlex.quote(str(repo))} && exec {shlex.quote(sys.executable)} -m fabric_emu.fabric.machine"
         self.procs: dict[str, subprocess.Popen] = {}
+        self.workdirs: dict[str, Path] = {}  # each share's folder, on its machine
         try:
             for m in machines:
                 self.procs[m.name] = p = subprocess.Popen(
@@ -409,8 +453,9 @@ class MachineAgents:
                 p.stdin.flush()
             for name, p in self.procs.items():
                 line = self._line(p, self.READY_TIMEOUT_S)
-                if line != "READY":
+                if not line.startswith("READY "):
                     raise RuntimeError(f"machine {name}: its ports did not come up: {line or self._error(p)}")
+                self.workdirs[name] = Path(line.split(" ", 1)[1])
         except BaseException:
             self.stop()
             raise

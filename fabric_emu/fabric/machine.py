@@ -5,7 +5,7 @@ machine's nodes (fabric_emu.fabric.cluster.MachineAgents), and torn down by it.
 
     head -> ssh <machine> <python> -m fabric_emu.fabric.machine
     stdin:  one line of JSON, the job (MachineJob); then commands, a line each
-    stdout: READY, or ERROR <why> (and exit 1)
+    stdout: READY <this share's folder here>, or ERROR <why> (and exit 1)
             COUNTERS -> one line of JSON: every port's counters here, by interface
             STOP     -> the ports torn down, then STOPPED <the PFC daemon's stats as JSON>; exit
     end of stdin, SIGHUP or SIGTERM (the head, or its ssh, went away): torn down; exit
@@ -77,11 +77,12 @@ class MachineShare:
             e.node: (f"/proc/{job.host_pids[e.node]}/ns/net" if e.role == "host" else None) for e in self.ports.ends}
         self.record = RunRecord.new(job.run_id)
         self.lossless: LosslessPorts | None = None
+        self.workdir: Path | None = None  # the share's folder (the machine's NIC engines write there too)
 
     def up(self) -> None:
         rec = self.record
         rec.interfaces = [e.intf for e in self.ports.ends if e.role == "switch"] + [s.vxlan for s in self.job.stitches]
-        workdir = rec.new_workdir(prefix=f"fabric-emu-{self.job.machine}-")  # saves the record first
+        self.workdir = workdir = rec.new_workdir(prefix=f"fabric-emu-{self.job.machine}-")  # saves the record first
         self._prepare_switch_ports()
         queues.shape_all(queues.PortQueues(e.intf, e.emulated_bps, self.plan.mtu, self.ports.settings(e).fifo_limits,
                                            self.netns_of[e.node], qp_classes=e.role != "switch")
@@ -129,7 +130,7 @@ def serve(stdin=sys.stdin, stdout=sys.stdout) -> int:
     try:
         share = MachineShare(MachineJob.from_json(stdin.readline()))
         share.up()
-        say("READY")
+        say(f"READY {share.workdir}")
         for line in stdin:
             command = line.strip()
             if command == "COUNTERS":

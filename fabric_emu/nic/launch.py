@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 from fabric_emu.workloads import jobs
 from fabric_emu.workloads.flows import workload_flows
@@ -29,6 +29,22 @@ from fabric_emu.topo.plan import FabricPlan
 from fabric_emu.workloads.program import Program
 from fabric_emu.state.records import RunRecord
 from fabric_emu.state.supervise import Component, Supervisor, describe_exit
+
+class EngineSite(Protocol):
+    """Where the NIC engines of a fabric over several machines run (issue 19): each machine
+    runs its own hosts' engines, in a folder of its own (fabric_emu.fabric.cluster implements
+    it over ssh). Without one, every engine runs here."""
+
+    def machine_of(self, host: str) -> str: ...
+
+    def machine_workdir(self, machine: str) -> Path: ...
+
+    def start_engine(self, machine: str, config_path: Path, config_json: str, log) -> subprocess.Popen:
+        """Write the config there and start an engine on it (stdin and stdout: text pipes)."""
+        ...
+
+    def read(self, machine: str, path: Path) -> str | None: ...
+
 
 START_DELAY_S = 0.5  # between GO and the common start time, so every engine is waiting
 READY_TIMEOUT_S = 30.0
@@ -190,27 +206,44 @@ def _read_line(proc: subprocess.Popen, deadline: float) -> str | None:
 def run_agents(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], fabric, record: RunRecord,
                workdir: Path, say: Callable[[str], None], watch: Callable[[int, str], None] | None = None,
                info: dict | None = None, on_go: Callable[[float], None] | None = None,
-               supervisor: Supervisor | None = None) -> dict[str, dict]:
+               supervisor: Supervisor | None = None, site: EngineSite | None = None) -> dict[str, dict]:
     """Run every rank's NIC to completion (or timeout); returns stats by host name.
 
     watch(pid, label), when given, is told each engine process (the fidelity monitor samples it);
     info, when given, gets the engines' count, start-up time and memory; on_go(go) is told the
     wall-clock time traffic starts at (scheduled events count from it); supervisor, when given,
-    gets the engines as parts whose death ends the run, and is checked while the NICs run."""
+    gets the engines as parts whose death ends the run, and is checked while the NICs run; site,
+    when given, runs each machine's engines there."""
     procs: dict[str, subprocess.Popen] = {}
     try:
         _start_and_wait(spec, plan, ranks, fabric, record, workdir, say, procs, watch,
-                        info if info is not None else {}, on_go, supervisor)
+                        info if info is not None else {}, on_go, supervisor, site)
     except BaseException as e:
         # Interrupted or failed: engines still write what they measured; keep it for the report.
         _stop(procs)
-        e.agent_stats = _collect(ranks, workdir)  # type: ignore[attr-defined]
+        e.agent_stats = _collect(ranks, workdir, site)  # type: ignore[attr-defined]
         raise
     finally:
         if supervisor is not None:  # stopped engines are no deaths
             supervisor.remove_kind("nic")
     _stop(procs)
-    return _collect(ranks, workdir)
+    return _collect(ranks, workdir, site)
+
+
+def placed_engines(cfgs: list[AgentConfig], tick: float, site: EngineSite | None) -> list[tuple[str | None, EngineConfig]]:
+    """The engines and the machine each runs on (None: here): a machine's hosts are served by
+    engines on that machine, numbered on across machines; their stats go to its folder."""
+    if site is None:
+        return [(None, ec) for ec in engine_configs(cfgs, tick, engine_count(len(cfgs)))]
+    by_machine: dict[str, list[AgentConfig]] = {}
+    for c in cfgs:
+        m = site.machine_of(c.host)
+        by_machine.setdefault(m, []).append(c.model_copy(update={"stats_path": str(site.machine_workdir(m) / f"agent-{c.host}.json")}))
+    placed: list[tuple[str | None, EngineConfig]] = []
+    for m, group in by_machine.items():
+        for ec in engine_configs(group, tick, engine_count(len(group))):
+            placed.append((m, ec.model_copy(update={"engine": len(placed)})))
+    return placed
 
 
 def _start_and_wait(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], fabric,
@@ -218,26 +251,30 @@ def _start_and_wait(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], fa
                     procs: dict[str, subprocess.Popen],
                     watch: Callable[[int, str], None] | None, info: dict,
                     on_go: Callable[[float], None] | None = None,
-                    supervisor: Supervisor | None = None) -> None:
+                    supervisor: Supervisor | None = None, site: EngineSite | None = None) -> None:
     cfgs = agent_configs(spec, plan, ranks, workdir, fabric.netns_of)
     for a, b in unchecked_pairs(cfgs[0].workload, ranks):
         # A first packet to an unresolved neighbour waits in a small kernel queue (or is lost).
         fabric.check_reachable([a, b])
-    engines = engine_configs(cfgs, tick_s(plan), engine_count(len(cfgs)))
+    engines = placed_engines(cfgs, tick_s(plan), site)
     started = time.monotonic()
     names: dict[str, str] = {}  # engine{N} -> its name in the supervisor's messages
     gives_up = [float("inf")]  # when the engines stop by themselves (their timeout), once GO is sent
-    for ec in engines:
+    for machine, ec in engines:
         name = f"engine{ec.engine}"
         names[name] = engine_name(ec.engine, [h.host for h in ec.hosts])
-        path = workdir / f"{name}.config.json"
-        path.write_text(ec.to_json())
         with open(workdir / f"{name}.log", "w") as log:
-            procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "fabric_emu.nic", str(path)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1)
-        record.add_process(procs[name].pid, f"nic {name}")
-        if watch is not None:
+            if machine is None:
+                path = workdir / f"{name}.config.json"
+                path.write_text(ec.to_json())
+                procs[name] = subprocess.Popen(
+                    [sys.executable, "-m", "fabric_emu.nic", str(path)],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1)
+            else:  # its ssh client here: the engine's CPU is that machine's
+                procs[name] = site.start_engine(machine, site.machine_workdir(machine) / f"{name}.config.json",
+                                                ec.to_json(), log)
+        record.add_process(procs[name].pid, f"nic {name}" + (f" (ssh to {machine})" if machine else ""))
+        if watch is not None and machine is None:
             watch(procs[name].pid, f"nic {name}")
         if supervisor is not None:
             supervisor.add(Component(names[name], "nic", "fail",
@@ -356,12 +393,16 @@ def _stop(procs: dict[str, subprocess.Popen]) -> None:
             p.wait()
 
 
-def _collect(ranks: list[str], workdir: Path) -> dict[str, dict]:
+def _collect(ranks: list[str], workdir: Path, site: EngineSite | None = None) -> dict[str, dict]:
     stats = {}
     for h in ranks:
-        path = workdir / f"agent-{h}.json"
         try:
-            stats[h] = json.loads(path.read_text())
+            if site is None:
+                text = (workdir / f"agent-{h}.json").read_text()
+            else:
+                machine = site.machine_of(h)
+                text = site.read(machine, site.machine_workdir(machine) / f"agent-{h}.json") or ""
+            stats[h] = json.loads(text)
         except (OSError, ValueError):
             stats[h] = {"status": "missing", "host": h}
     return stats
