@@ -118,7 +118,12 @@ class Experiment:
                 spec, plan, ranks = self._check(measure=True)
             except ProbeError as e:
                 raise RunError(f"dilation: auto: cannot measure this machine ({e})") from None
-        runner = Runner(spec, plan, ranks, Path(out), command=command or self.command(out),
+        if spec.machines:  # over several machines (issue 19)
+            from fabric_emu.run.partitioned import PartitionedRunner
+            runner_class = PartitionedRunner
+        else:
+            runner_class = Runner
+        runner = runner_class(spec, plan, ranks, Path(out), command=command or self.command(out),
                         console=console or Console(quiet=quiet), metrics_port=metrics_port,
                         metrics_linger_s=metrics_linger_s, on_progress=progress)
         code = runner.run(debug=debug)

@@ -33,14 +33,12 @@ import types
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
-from dataclasses import asdict
+from dataclasses import asdict, field
 from functools import partial
 from pathlib import Path
 
 from fabric_emu.fabric.build import FabricSwitch, LaunchedController, PlanTopo
-from fabric_emu.fabric.machine import MachineJob, Stitch
 from fabric_emu.kernel.vxlan import VXLAN_PORT
-from fabric_emu.ports.model import EcnSettings, PfcSettings
 from fabric_emu.state.records import RunRecord
 from fabric_emu.spec.machines import fits_underlay, underlay_mtu_needed
 from fabric_emu.topo.placement import Placement
@@ -73,6 +71,34 @@ from mininet.examples import cluster as ce  # noqa: E402  (after the shim)
 UNDERLAY_DEVICE_RE = re.compile(r"\bdev (\S+)")
 
 
+@dataclass
+class Stitch:
+    """A cut link's end on this machine: its stitch end and its VXLAN device (cluster.stitch_names)."""
+
+    stitch: str
+    vxlan: str
+
+
+@dataclass
+class MachineJob:
+    run_id: str
+    machine: str
+    plan: dict  # FabricPlan.to_dict()
+    machine_of: dict[str, str]  # every node -> its machine
+    host_pids: dict[str, int]  # this machine's hosts -> their shells' pids, as this machine sees them
+    ports: dict  # the run's port settings (fabric_emu.ports.model.port_args)
+    stitches: list[Stitch] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, line: str) -> "MachineJob":
+        raw = json.loads(line)
+        raw["stitches"] = [Stitch(**s) for s in raw.get("stitches", [])]
+        return cls(**raw)
+
+
 @dataclass(frozen=True)
 class Machine:
     """One machine as the cluster sees it: ssh reaches it at ssh_address; its links' tunnels
@@ -81,12 +107,22 @@ class Machine:
     name: str
     ssh_address: str
     underlay: str
+    user: str = "root"
+
+    @property
+    def dest(self) -> str:
+        return f"{self.user}@{self.ssh_address}"
 
 
-def ssh_base(ssh_config: Path) -> list[str]:
-    """Cluster Edition's ssh command (RemoteMixin.sshbase), reading our config file: keys,
-    known hosts and users come from it, never from ~/.ssh."""
-    return ["ssh", "-F", str(ssh_config), "-q", "-o", "BatchMode=yes", "-tt"]
+def ssh(ssh_config: Path | None) -> list[str]:
+    """Our ssh command: never asks for a password; reads `ssh_config` when given (keys, known
+    hosts and users then come from it, not from ~/.ssh), else the user's own ssh set-up."""
+    return ["ssh", *(["-F", str(ssh_config)] if ssh_config else []), "-o", "BatchMode=yes"]
+
+
+def ssh_base(ssh_config: Path | None) -> list[str]:
+    """Cluster Edition's ssh command (RemoteMixin.sshbase)."""
+    return [*ssh(ssh_config), "-q", "-tt"]
 
 
 def placer_for(placement: Placement) -> type[ce.Placer]:
@@ -110,7 +146,7 @@ def stitch_commands(intf: str, vni: int, local: str, remote: str, underlay_dev: 
     end of a veth whose other end (the stitch end) is redirected, both ways, to and from the
     link's VXLAN device. Unicast to the one remote, no learning, never fragmented (df set: a
     frame the underlay cannot carry whole must be lost, not passed in pieces). redirect=False:
-    no tc redirect, for the port programs' stitch (fabric_emu.fabric.machine attaches it)."""
+    no tc redirect, for the port programs' stitch (fabric_emu.run.machine attaches it)."""
     stitch, vx = stitch_names(vni)
     for name in (intf, stitch, vx, underlay_dev):
         if not re.fullmatch(r"[A-Za-z0-9_.-]{1,15}", name):
@@ -153,7 +189,8 @@ class StitchLink(ce.RemoteLink):
     vnis: dict[frozenset[str], int] = {}
     machines: dict[str, Machine] = {}
     mtu: int = 1500
-    redirect: bool = True  # False: the machines' port programs stitch (fabric_emu.fabric.machine)
+    redirect: bool = True  # False: the machines' port programs stitch (fabric_emu.run.machine)
+    devices: dict[tuple[str, str], str] = {}  # (machine, remote underlay address) -> device
 
     def makeTunnel(self, node1, node2, intfname1, intfname2, addr1=None, addr2=None):  # noqa: N802
         vni = self.vnis[frozenset((intfname1, intfname2))]
@@ -161,15 +198,19 @@ class StitchLink(ce.RemoteLink):
         made: list[tuple[ce.RemoteMixin, str]] = []  # (node, device): the port takes its veth peer along
         for node, intf, addr, peer in ((node1, intfname1, addr1, node2), (node2, intfname2, addr2, node1)):
             local, remote = self.machines[node.server].underlay, self.machines[peer.server].underlay
-            device = underlay_device(node.rcmd, remote)
+            key = (node.server, remote)
+            if key not in self.devices:  # one lookup per machine and peer: every link leaves the same way
+                self.devices[key] = underlay_device(node.rcmd, remote)
             made += [(node, intf), (node, vx)]
-            for cmd in stitch_commands(intf, vni, local, remote, device, self.mtu, self.redirect):
-                out = node.rcmd(cmd).strip()
-                if out:
-                    _Tunnel(made).terminate()
-                    raise RuntimeError(f"{node.server}: `{cmd}` failed: {out.splitlines()[-1]}")
+            cmds = stitch_commands(intf, vni, local, remote, self.devices[key], self.mtu, self.redirect)
             if addr:
-                node.rcmd(f"ip link set {intf} address {addr}")
+                cmds.append(f"ip link set {intf} address {addr}")
+            # one ssh for the whole end: each command is silent when it works, and the first
+            # that fails stops the rest (a new ssh per command made most of a fabric's start-up)
+            out = node.rcmd(["sh", "-c", shlex.quote("set -e; " + "; ".join(cmds))]).strip()
+            if out:
+                _Tunnel(made).terminate()
+                raise RuntimeError(f"{node.server}: making {intf}'s end of the link failed: {out.splitlines()[-1]}")
         ends = [(node, name) for node, name in made if name == vx]
         return _Tunnel(ends)
 
@@ -192,7 +233,7 @@ def stitch_link_for(plan: FabricPlan, placement: Placement, machines: list[Machi
     """StitchLink bound to one fabric."""
     return type("FabricStitchLink", (StitchLink,), {"vnis": cut_vnis(plan, placement), "mtu": plan.mtu,
                                                     "machines": {m.name: m for m in machines},
-                                                    "redirect": redirect})
+                                                    "redirect": redirect, "devices": {}})
 
 
 def check_underlay(machines: list[Machine], fabric_mtu: int, run_on: Callable[[Machine, str], str]) -> None:
@@ -210,9 +251,9 @@ def check_underlay(machines: list[Machine], fabric_mtu: int, run_on: Callable[[M
                                  f"{underlay_mtu_needed(fabric_mtu)}")
 
 
-def ssh_run(ssh_config: Path, machine: Machine, command: str, timeout: float = 30) -> str:
+def ssh_run(ssh_config: Path | None, machine: Machine, command: str, timeout: float = 30) -> str:
     """A command on a machine over ssh (its output and errors)."""
-    done = subprocess.run(["ssh", "-F", str(ssh_config), "-o", "BatchMode=yes", machine.ssh_address, command],
+    done = subprocess.run([*ssh(ssh_config), machine.dest, command],
                           capture_output=True, text=True, timeout=timeout)
     return done.stdout + done.stderr
 
@@ -221,13 +262,13 @@ class ControlTunnels:
     """The switches' OpenFlow channel: one `ssh -R` per machine, so a switch connecting to
     tcp:127.0.0.1:<port> on its own machine reaches the controller on the head's loopback."""
 
-    def __init__(self, ssh_config: Path, machines: list[Machine], port: int) -> None:
+    def __init__(self, ssh_config: Path | None, machines: list[Machine], port: int) -> None:
         self.procs: list[subprocess.Popen] = []
         try:
             for m in machines:
                 proc = subprocess.Popen(
-                    ["ssh", "-F", str(ssh_config), "-N", "-o", "BatchMode=yes", "-o", "ExitOnForwardFailure=yes",
-                     "-R", f"127.0.0.1:{port}:127.0.0.1:{port}", m.ssh_address],
+                    [*ssh(ssh_config), "-N", "-o", "ExitOnForwardFailure=yes",
+                     "-R", f"127.0.0.1:{port}:127.0.0.1:{port}", m.dest],
                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
                 self.procs.append(proc)
             for m, proc in zip(machines, self.procs):
@@ -237,7 +278,7 @@ class ControlTunnels:
             raise
 
     @staticmethod
-    def _wait_forwarding(ssh_config: Path, m: Machine, port: int, proc: subprocess.Popen) -> None:
+    def _wait_forwarding(ssh_config: Path | None, m: Machine, port: int, proc: subprocess.Popen) -> None:
         probe = f"ss -Hltn 'sport = :{port}' | grep -c 127.0.0.1"
         for _ in range(100):
             if proc.poll() is not None:
@@ -278,17 +319,18 @@ class ClusterFabric:
     The topology, names, ports and addresses come from the plan; every node goes where the
     placement says. The controller runs on the head, on loopback (fabric_emu.fabric.controller)."""
 
-    def __init__(self, plan: FabricPlan, placement: Placement, machines: list[Machine], ssh_config: Path,
+    def __init__(self, plan: FabricPlan, placement: Placement, machines: list[Machine], ssh_config: Path | None,
                  controller_port: int, workdir: Path, run_id: str,
-                 lossless: tuple[EcnSettings, PfcSettings] | None = None, record: RunRecord | None = None) -> None:
-        """lossless: the port model on every machine (its classes, port programs, PFC daemon;
-        fabric_emu.fabric.machine) with these settings; None: plain links, stitched by tc.
+                 ports: dict | None = None, record: RunRecord | None = None) -> None:
+        """ports: the port model on every machine (its classes, port programs, PFC daemon;
+        fabric_emu.run.machine), built from these settings (fabric_emu.ports.model.port_args);
+        None: plain links, stitched by tc.
         record: the head's run record, which names every ssh client of the fabric as it starts,
         so that a clean after a kill -9 of the head ends them, and with them each machine's
         share (its agent and node shells end with their ssh session)."""
         self.plan, self.placement, self.machines = plan, placement, machines
         self.ssh_config, self.controller_port, self.workdir, self.run_id = ssh_config, controller_port, workdir, run_id
-        self.lossless = lossless
+        self.ports = ports
         self.record = record
         self.net: ce.MininetCluster | None = None
         self.tunnels: ControlTunnels | None = None
@@ -303,16 +345,16 @@ class ClusterFabric:
         base = ssh_base(self.ssh_config)
         host_cls = type("ClusterHost", (ce.RemoteHost,), {"sshbase": base})
         switch_cls = type("ClusterSwitch", (_ClusterSwitch,), {"sshbase": base})
-        net_cls = type("Cluster", (_Cluster,), {"sshcmd": ["ssh", "-F", str(self.ssh_config), "-o", "BatchMode=yes"]})
+        net_cls = type("Cluster", (_Cluster,), {"sshcmd": ssh(self.ssh_config)})
         home = self.workdir / "home"
         home.mkdir(parents=True, exist_ok=True)
         with _home(home):
             self.net = net_cls(topo=PlanTopo(plan=self.plan), servers=[m.name for m in self.machines],
-                               serverIP={m.name: m.ssh_address for m in self.machines}, user="root",
+                               serverIP={m.name: m.ssh_address for m in self.machines}, user=self.machines[0].user,
                                placement=placer_for(self.placement), host=host_cls,
                                switch=partial(switch_cls, run_id=self.run_id, datapath="user"),
                                link=stitch_link_for(self.plan, self.placement, self.machines,
-                                                    redirect=self.lossless is None),
+                                                    redirect=self.ports is None),
                                controller=None, autoSetMacs=False, autoStaticArp=False, build=False,
                                waitConnected=False)
         self.net.addController(LaunchedController("c0", ip="127.0.0.1", port=self.controller_port))
@@ -340,8 +382,8 @@ class ClusterFabric:
         self.tunnels = ControlTunnels(self.ssh_config, self.machines, self.controller_port)
         self._record([(p.pid, "ssh OpenFlow tunnel") for p in self.tunnels.procs])
         self.net.start()
-        if self.lossless is not None:
-            self.agents = MachineAgents(self.ssh_config, self.machines, self.jobs(*self.lossless),
+        if self.ports is not None:
+            self.agents = MachineAgents(self.ssh_config, self.machines, self.jobs(self.ports),
                                         on_start=lambda pid, name: self._record([(pid, f"ssh machine agent {name}")]))
 
     # -- what the NIC engines need of the fabric (fabric_emu.nic.launch: fabric, EngineSite) --
@@ -375,17 +417,16 @@ class ClusterFabric:
         """A NIC engine on that machine over ssh (its config written there first): it stops when
         told, or when this ssh ends (its stdin closes)."""
         m, repo = self._machine(machine), Path(__file__).resolve().parents[2]
-        ssh = ["ssh", "-F", str(self.ssh_config), "-o", "BatchMode=yes", m.ssh_address]
-        subprocess.run(ssh + [f"cat > {shlex.quote(str(config_path))}"], input=config_json, text=True,
+        ssh_to = [*ssh(self.ssh_config), m.dest]
+        subprocess.run(ssh_to + [f"cat > {shlex.quote(str(config_path))}"], input=config_json, text=True,
                        check=True, timeout=60)
         remote = (f"cd {shlex.quote(str(repo))} && exec {shlex.quote(sys.executable)} -m fabric_emu.nic "
                   f"{shlex.quote(str(config_path))}")
-        return subprocess.Popen(ssh + [remote], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+        return subprocess.Popen(ssh_to + [remote], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                                 text=True, bufsize=1)
 
     def read(self, machine: str, path: Path) -> str | None:
-        done = subprocess.run(["ssh", "-F", str(self.ssh_config), "-o", "BatchMode=yes",
-                               self._machine(machine).ssh_address, f"cat {shlex.quote(str(path))}"],
+        done = subprocess.run([*ssh(self.ssh_config), self._machine(machine).dest, f"cat {shlex.quote(str(path))}"],
                               capture_output=True, text=True, timeout=60)
         return done.stdout if done.returncode == 0 else None
 
@@ -393,7 +434,7 @@ class ClusterFabric:
         if self.record is not None:
             self.record.add_processes(processes)
 
-    def jobs(self, ecn: EcnSettings, pfc: PfcSettings) -> dict[str, MachineJob]:
+    def jobs(self, ports: dict) -> dict[str, MachineJob]:
         """What each machine's agent sets up: its ports (from the whole plan), its hosts' pids
         as it sees them (Cluster Edition asked there), its ends of the cut links."""
         assert self.net is not None
@@ -406,7 +447,7 @@ class ClusterFabric:
             jobs[m.name] = MachineJob(
                 run_id=self.run_id, machine=m.name, plan=self.plan.to_dict(), machine_of=self.placement.machine_of,
                 host_pids={h: self.net.get(h).pid for h in mine if h in self.plan.host_by_name},
-                ecn=asdict(ecn), pfc=asdict(pfc), stitches=stitches)
+                ports=ports, stitches=stitches)
         return jobs
 
     def stop(self) -> dict[str, dict]:
@@ -430,22 +471,22 @@ class ClusterFabric:
 
 
 class MachineAgents:
-    """One fabric_emu.fabric.machine process per machine, started over ssh (the same python
+    """One fabric_emu.run.machine process per machine, started over ssh (the same python
     and repository path on every machine, as Cluster Edition assumes its Mininet); each owns
     its machine's share of the ports and tears it down when stopped or when this ssh ends."""
 
     READY_TIMEOUT_S = 120.0  # a machine compiles the port programs on its first run
 
-    def __init__(self, ssh_config: Path, machines: list[Machine], jobs: dict[str, MachineJob],
+    def __init__(self, ssh_config: Path | None, machines: list[Machine], jobs: dict[str, MachineJob],
                  on_start: Callable[[int, str], None] | None = None) -> None:
         repo = Path(__file__).resolve().parents[2]
-        remote = f"cd {shlex.quote(str(repo))} && exec {shlex.quote(sys.executable)} -m fabric_emu.fabric.machine"
+        remote = f"cd {shlex.quote(str(repo))} && exec {shlex.quote(sys.executable)} -m fabric_emu.run.machine"
         self.procs: dict[str, subprocess.Popen] = {}
         self.workdirs: dict[str, Path] = {}  # each share's folder, on its machine
         try:
             for m in machines:
                 self.procs[m.name] = p = subprocess.Popen(
-                    ["ssh", "-F", str(ssh_config), "-o", "BatchMode=yes", m.ssh_address, remote],
+                    [*ssh(ssh_config), m.dest, remote],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
                 if on_start is not None:
                     on_start(p.pid, m.name)
@@ -471,14 +512,23 @@ class MachineAgents:
             return "no answer"
         return (p.stderr.read().strip().splitlines() or [f"ssh exited with {p.returncode}"])[-1]
 
-    def counters(self) -> dict[str, dict]:
-        """Every port's counters on every machine, by machine and interface."""
+    def ask(self, command: str, timeout_s: float = 30.0) -> dict[str, object]:
+        """Every machine's answer to a command (fabric_emu.run.machine), by machine: all are
+        asked first, then read, so the machines answer at the same time."""
+        for p in self.procs.values():
+            p.stdin.write(command + "\n")
+            p.stdin.flush()
         out = {}
         for name, p in self.procs.items():
-            p.stdin.write("COUNTERS\n")
-            p.stdin.flush()
-            out[name] = json.loads(self._line(p, 30.0) or "{}")
+            line = self._line(p, timeout_s)
+            if not line or line.startswith("ERROR"):
+                raise RuntimeError(f"machine {name}: {command}: {line or self._error(p)}")
+            out[name] = line if line == "OK" else json.loads(line)
         return out
+
+    def counters(self) -> dict[str, dict]:
+        """Every port's program counters on every machine, by machine and interface."""
+        return self.ask("COUNTERS")  # type: ignore[return-value]
 
     def stop(self) -> dict[str, dict]:
         stats = {}

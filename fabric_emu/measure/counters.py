@@ -134,13 +134,16 @@ def ovs_socket_drops() -> dict[str, int]:
     return parse_socket_drops(out)
 
 
-def snapshot(plan: FabricPlan, ports: dict[str, dict[str, int]] | None = None) -> list[PortCounters]:
-    """Counters of every switch port, in plan order; `ports` are the port programs' counters
+def snapshot(plan: FabricPlan, ports: dict[str, dict[str, int]] | None = None,
+             switches: set[str] | None = None) -> list[PortCounters]:
+    """Counters of every switch port (of `switches` only, when given: one machine's share of a
+    fabric over several), in plan order; `ports` are the port programs' counters
     (LosslessPorts.counters()), by interface."""
     socket_drops = ovs_socket_drops()
     rows = []
-    ends = [(sw.name, p) for sw in plan.switches for p in plan.ports(sw.name)]
-    stats = {sw.name: port_stats(sw.name) for sw in plan.switches}
+    mine = [sw for sw in plan.switches if switches is None or sw.name in switches]
+    ends = [(sw.name, p) for sw in mine for p in plan.ports(sw.name)]
+    stats = {sw.name: port_stats(sw.name) for sw in mine}
     with IPRoutePool() as pool:
         kernel = {p.intf: queues.class_stats(p.intf, pool=pool) for _, p in ends}
     for sw, p in ends:

@@ -233,3 +233,22 @@ def scale_up_note(agents: dict[str, dict]) -> str | None:
     return (f"{transfers:,} scale-up transfer(s) inside servers ({nbytes:,} bytes) were modelled, not "
             "emulated: each took its bytes over the server's scale-up bandwidth (shared max-min fairly "
             "per GPU and direction) plus its latency, with no packets (docs/scale-up.md)")
+
+
+def merge_machine_cpu(by_machine: dict[str, dict]) -> dict:
+    """Each machine's CpuMonitor.summary() as one for the fidelity check (issue 19): the
+    busiest machine's figures, and every machine's threads, each labelled with its machine, so
+    a saturated thread anywhere is judged; `machines` keeps each machine's own summary."""
+    if not by_machine:
+        return {}
+    busiest = max(by_machine.values(), key=lambda s: s.get("cpu_busy_mean") or 0.0)
+
+    def labelled(key: str) -> list[dict]:
+        rows = [{**t, "label": f"{m}: {t['label']}"} for m, s in by_machine.items() for t in s.get(key) or []]
+        return sorted(rows, key=lambda t: -t.get("saturated_fraction", 0.0)) if key == "saturated_threads" else rows
+
+    sat = [s["cpu_saturated_fraction"] for s in by_machine.values() if s.get("cpu_saturated_fraction") is not None]
+    return {**busiest, "cpu_saturated_fraction": max(sat) if sat else None,
+            "cpu_busy_max": max((s.get("cpu_busy_max") or 0.0 for s in by_machine.values()), default=None),
+            "threads": labelled("threads"), "saturated_threads": labelled("saturated_threads"),
+            "machines": by_machine}

@@ -211,3 +211,22 @@ def remote_peers(ports: PortPlan, machine_of: dict[str, str], machine: str) -> d
     node = {e.id: e.node for e in ports.ends}
     return {e.peer_id: e.id for e in ports.ends
             if machine_of[e.node] == machine and machine_of[node[e.peer_id]] != machine}
+
+
+def port_args(spec) -> dict:
+    """What an ExperimentSpec decides of its ports, as plain JSON (port_plan_from_args makes the
+    PortPlan of it): the run builds its ports from it, and sends it to each machine of a fabric
+    over several machines (fabric_emu.run.machine), which builds its share the same way."""
+    ecn, pfc = settings_of(spec)
+    timers, receive = watchdog_timers(spec), spec.pfc.nic_receive
+    return {"ecn": asdict(ecn), "pfc": asdict(pfc), "watchdog": asdict(timers) if timers else None,
+            "watchdog_ports": spec.pfcwd.ports, "seed": spec.seed, "nic_stall_guard_s": spec.pfc.nic_stall_guard,
+            "nic_receive": [receive.drain, receive.buffer, receive.xoff, receive.xon] if receive else None}
+
+
+def port_plan_from_args(plan: FabricPlan, args: dict) -> PortPlan:
+    return port_plan(plan, EcnSettings(**args["ecn"]), PfcSettings(**args["pfc"]),
+                     watchdog=Timers(**args["watchdog"]) if args.get("watchdog") else None,
+                     watchdog_ports=args.get("watchdog_ports", "all"), seed=args.get("seed", 0),
+                     nic_stall_guard_s=args.get("nic_stall_guard_s"),
+                     nic_receive=tuple(args["nic_receive"]) if args.get("nic_receive") else None)

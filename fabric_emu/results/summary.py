@@ -70,6 +70,7 @@ def build_summary(spec: ExperimentSpec, plan: FabricPlan, ranks: list[str], traf
                         datapath=datapath_of(plan.extra)),
         **({"dilation_auto": plan.extra["dilation_auto"]} if "dilation_auto" in plan.extra else {}),
         **({"restarts": traffic["restarts"]} if traffic.get("restarts") else {}),
+        **({"machines": traffic["machines"]} if traffic.get("machines") else {}),  # over several machines
     }
 
 

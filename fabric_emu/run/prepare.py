@@ -149,9 +149,25 @@ def check_paths(spec: ExperimentSpec, plan, path: str) -> None:
                 raise SpecError([(str(path), f"paths.{i}.via.{j + 1}", f"no link between {a} and {b}")])
 
 
+# What a run over several machines does not do yet (issue 19): field -> why, when set
+NOT_ACROSS_MACHINES = {
+    "events": "scheduled events", "background": "background traffic", "capture": "captures",
+    "workloads": "several jobs", "pfcwd": "the PFC watchdog", "load_balancing": "dlb (its flowlet stage "
+    "runs beside the controller)",
+}
+
+
+def unsupported_across_machines(spec: ExperimentSpec) -> list[str]:
+    """The fields of a spec with machines: that a run over several machines cannot do yet."""
+    used = {"events": bool(spec.events), "background": bool(spec.background), "capture": spec.capture is not None,
+            "workloads": len(spec.workloads) > 1, "pfcwd": spec.pfcwd.enabled,
+            "load_balancing": spec.load_balancing == "dlb"}
+    return [field for field, on in used.items() if on]
+
+
 def check_machines(spec: ExperimentSpec, plan, path: str, plan_only: bool) -> None:
-    """Place a partitioned fabric (plan.extra["placement"]); a run over several machines is
-    refused until it exists (issue 19), before anything is created."""
+    """Place a partitioned fabric (plan.extra["placement"]), and refuse, before anything is
+    created, what a run over several machines does not do yet."""
     if not spec.machines:
         return
     try:
@@ -160,9 +176,15 @@ def check_machines(spec: ExperimentSpec, plan, path: str, plan_only: bool) -> No
         raise SpecError([(str(path), "machines", str(e))]) from None
     plan.extra["placement"] = {**placement.to_dict(), "addresses": {m.name: m.address for m in spec.machines},
                                "underlay_mtu": underlay_mtu_needed(plan.mtu)}
-    if not plan_only:
-        raise SpecError([(str(path), "machines", "runs over several machines are not built yet; "
-                                                 "`fabric-emu show` prints this placement (allowed to run: none)")])
+    if plan_only:
+        return
+    problems = [(str(path), field, f"{NOT_ACROSS_MACHINES[field]} cannot run over several machines yet "
+                                   "(allowed with machines: none of it)") for field in unsupported_across_machines(spec)]
+    if len({m.ssh_user for m in spec.machines}) > 1:
+        problems.append((str(path), "machines", "every machine must take the same ssh_user (Cluster Edition "
+                                                "logs in as one user)"))
+    if problems:
+        raise SpecError(problems)
 
 
 def routing_of(spec: ExperimentSpec, plan) -> dict:

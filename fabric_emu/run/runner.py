@@ -107,9 +107,7 @@ class Runner:
             removed, _ = clean_stale()
             if removed:
                 self.say(f"removed {len(removed)} leftovers of an earlier run that did not finish")
-            from fabric_emu.fabric.build import conflicts
-
-            taken = conflicts(self.plan)
+            taken = self.conflicts()
             if taken:
                 return self._refuse(f"names the fabric needs are already in use and are not "
                                     f"fabric-emu's: {', '.join(taken[:8])}")
@@ -120,6 +118,12 @@ class Runner:
                     self.say(f"metrics: serving the final values {self.metrics_linger_s:g} s more")
                 self.live.close(self.metrics_linger_s)
             lock.release()
+
+    def conflicts(self) -> list[str]:
+        """Names the fabric needs that something else on this machine already uses."""
+        from fabric_emu.fabric.build import conflicts
+
+        return conflicts(self.plan)
 
     def open_results(self, started: float) -> Path:
         """The run's results folder, with its spec and a summary saying it is not finished."""
@@ -248,16 +252,12 @@ class Runner:
 
     def bring_up(self, record: RunRecord, workdir: Path):
         """Build, route and publish the fabric (the lab keeps it up between runs)."""
-        from fabric_emu.ports.model import port_plan, settings_of, watchdog_timers
+        from fabric_emu.ports.model import port_args, port_plan_from_args
         from fabric_emu.fabric.routed import RoutedFabric
         from fabric_emu.nic.launch import spray_entropies
 
         t = time.monotonic()
-        ports = port_plan(self.plan, *settings_of(self.spec), watchdog=watchdog_timers(self.spec),
-                          watchdog_ports=self.spec.pfcwd.ports, seed=self.spec.seed,
-                          nic_stall_guard_s=self.spec.pfc.nic_stall_guard,
-                          nic_receive=(lambda r: (r.drain, r.buffer, r.xoff, r.xon) if r else None)(
-                              self.spec.pfc.nic_receive))
+        ports = port_plan_from_args(self.plan, port_args(self.spec))
         d = self.plan.dilation
         dlb = (round(self.spec.dlb.inactivity * d * 1e9), round(self.spec.dlb.quality_window * d * 1e9))
         self.routed = RoutedFabric(self.plan, record, workdir, self.spec.load_balancing, ports=ports,

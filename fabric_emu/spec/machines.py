@@ -38,12 +38,16 @@ class MachineSpec(Strict):
                                                       "1-16 of a-z, 0-9, '-', starting with a letter")
     address: str = Field(description="its underlay address (IPv4, IPv6 or a DNS name): ssh reaches it there "
                                      "and the cross-machine links' VXLAN tunnels end there")
+    ssh_address: str | None = Field(default=None, description="where ssh reaches it, when that is not its "
+                                                               "underlay address (a management network)")
     ssh_user: str = Field(default="root", pattern=r"^[a-z_][a-z0-9_-]{0,31}$",
                           description="the user ssh logs in as (it needs root's rights there)")
 
-    @field_validator("address")
+    @field_validator("address", "ssh_address")
     @classmethod
-    def _address(cls, v: str) -> str:
+    def _address(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
         try:
             return str(ipaddress.ip_address(v))
         except ValueError:

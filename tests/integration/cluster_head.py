@@ -5,6 +5,7 @@ Like a run, it names what it starts in a run record first (controller, ssh clien
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 import sys
 import time
 from pathlib import Path
@@ -27,7 +28,7 @@ def main(args: dict) -> None:
     ctl = start_controller(workdir / "plan.json", workdir)
     rec.add_process(ctl.pid, "controller")
     fabric = ClusterFabric(plan, place(plan, [m.name for m in machines]), machines, Path(args["ssh_config"]),
-                           ctl.port, workdir, run_id=rec.run_id, lossless=default_settings(plan), record=rec)
+                           ctl.port, workdir, run_id=rec.run_id, ports={k: asdict(v) for k, v in zip(("ecn", "pfc"), default_settings(plan))}, record=rec)
     ctl.wait_listening()
     fabric.build()
     fabric.start()

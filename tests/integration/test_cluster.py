@@ -5,7 +5,7 @@ hosts: leaf1, h1, h2 and spine1 on s1; leaf2, h3, h4 and spine2 on s2 (fabric_em
 placement), so leaf1-spine2 and leaf2-spine1 cross the underlay in VXLAN (fabric_emu.fabric.
 cluster.StitchLink). The os-ken controller runs here, on loopback, reached through ssh -R.
 Each server runs its own share of the port model (classes, port programs, PFC daemon and the
-programs' stitch of the cut links: fabric_emu.fabric.machine), started over ssh.
+programs' stitch of the cut links: fabric_emu.run.machine), started over ssh.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pytest
@@ -103,7 +103,7 @@ def split(tmp_path_factory) -> Iterator[Split]:
         ecn, pfc = default_settings(plan)
         ecn = EcnSettings(True, kmin=20_000, kmax=100_000, pmax=1.0)  # marks wherever a queue builds
         fabric = ClusterFabric(plan, placement, machines_of(servers), servers[0].ssh_config, ctl.port,
-                               workdir, run_id=TAG, lossless=(ecn, pfc))
+                               workdir, run_id=TAG, ports={"ecn": asdict(ecn), "pfc": asdict(pfc)})
         try:
             ctl.wait_listening()
             fabric.build()
@@ -263,7 +263,7 @@ def test_a_killed_head_leaves_nothing_on_any_machine() -> None:
             for s in servers:
                 up = server_state(s)
                 assert up["bridges"] and up["pins"] and up["records"], (s.name, up)
-                assert any("fabric_emu.fabric.machine" in p for p in up["processes"]), up["processes"]
+                assert any("fabric_emu.run.machine" in p for p in up["processes"]), up["processes"]
         finally:
             head.kill()
             head.wait()

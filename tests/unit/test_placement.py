@@ -114,7 +114,7 @@ def experiment(**extra) -> ExperimentSpec:
 MACHINES = [{"name": "head", "address": "192.0.2.1"}, {"name": "b", "address": "2001:db8::2"}]
 
 
-def test_show_prints_the_placement_and_the_cut_and_a_run_is_refused():
+def test_show_prints_the_placement_and_the_cut_and_what_cannot_run_split_is_refused():
     spec = experiment(machines=MACHINES)
     _, plan, ranks = check_spec(spec, "exp.yaml", plan_only=True)
     out = Console(width=220, record=True, file=io.StringIO())
@@ -124,8 +124,10 @@ def test_show_prints_the_placement_and_the_cut_and_a_run_is_refused():
     assert "4 of 8 fabric links cross machines" in text and "MTU of at least 4250" in text
     row = next(line for line in text.splitlines() if "head (head)" in line)
     assert "spine1 leaf1 leaf2" in row and "h1 h2 h3 h4" in row
-    with pytest.raises(SpecError, match="machines: runs over several machines are not built yet"):
-        check_spec(spec, "exp.yaml")
+    _, runnable, _ = check_spec(spec, "exp.yaml")  # a run over the machines
+    assert runnable.extra["placement"]["machines"] == ["head", "b"]
+    with pytest.raises(SpecError, match="pfcwd: the PFC watchdog cannot run over several machines yet"):
+        check_spec(experiment(machines=MACHINES, pfcwd={"enabled": True}), "exp.yaml")
     _, plain, _ = check_spec(experiment(), "exp.yaml")
     assert "placement" not in plain.extra
 

@@ -3,10 +3,14 @@ port programs, PFC daemon and cross-machine stitches of the ports on that machin
 there by this process, which the head starts over ssh once Cluster Edition has built the
 machine's nodes (fabric_emu.fabric.cluster.MachineAgents), and torn down by it.
 
-    head -> ssh <machine> <python> -m fabric_emu.fabric.machine
+    head -> ssh <machine> <python> -m fabric_emu.run.machine
     stdin:  one line of JSON, the job (MachineJob); then commands, a line each
     stdout: READY <this share's folder here>, or ERROR <why> (and exit 1)
-            COUNTERS -> one line of JSON: every port's counters here, by interface
+            COUNTERS   -> one line of JSON: every port's program counters here, by interface
+            SNAPSHOT   -> {"rows": [its switch ports' PortCounters], "ports": the COUNTERS}
+            THRESHOLDS -> the thresholds its switch ports run with (LosslessPorts.installed)
+            CPU_START  -> OK: its CPU monitor starts (the machine, ovs-vswitchd, its PFC daemon and
+                          the NIC engines running from its folder); CPU_STOP -> its summary
             STOP     -> the ports torn down, then STOPPED <the PFC daemon's stats as JSON>; exit
     end of stdin, SIGHUP or SIGTERM (the head, or its ssh, went away): torn down; exit
 
@@ -22,45 +26,20 @@ import os
 import signal
 import sys
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
+from fabric_emu.fabric.cluster import MachineJob
 from fabric_emu.kernel import rps
+from fabric_emu.kernel.ovs_datapath import datapath_of
+from fabric_emu.measure import counters
+from fabric_emu.measure.fidelity import CpuMonitor
 from fabric_emu.ports import datapath, queues
-from fabric_emu.ports.model import EcnSettings, PfcSettings, port_plan, remote_peers, share_of
+from fabric_emu.ports.model import port_plan_from_args, remote_peers, share_of
 from fabric_emu.ports.runtime import LosslessPorts
 from fabric_emu.state.cleanup import clean_record
 from fabric_emu.state.records import RunRecord
 from fabric_emu.topo.plan import FabricPlan
-
-
-@dataclass
-class Stitch:
-    """A cut link's end on this machine: its stitch end and its VXLAN device (cluster.stitch_names)."""
-
-    stitch: str
-    vxlan: str
-
-
-@dataclass
-class MachineJob:
-    run_id: str
-    machine: str
-    plan: dict  # FabricPlan.to_dict()
-    machine_of: dict[str, str]  # every node -> its machine
-    host_pids: dict[str, int]  # this machine's hosts -> their shells' pids, as this machine sees them
-    ecn: dict  # EcnSettings
-    pfc: dict  # PfcSettings
-    stitches: list[Stitch] = field(default_factory=list)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, line: str) -> "MachineJob":
-        raw = json.loads(line)
-        raw["stitches"] = [Stitch(**s) for s in raw.get("stitches", [])]
-        return cls(**raw)
 
 
 class MachineShare:
@@ -70,7 +49,7 @@ class MachineShare:
     def __init__(self, job: MachineJob) -> None:
         self.job = job
         self.plan = FabricPlan.from_dict(job.plan)
-        whole = port_plan(self.plan, EcnSettings(**job.ecn), PfcSettings(**job.pfc))
+        whole = port_plan_from_args(self.plan, job.ports)
         self.ports = share_of(whole, job.machine_of, job.machine)
         self.far_peers = remote_peers(whole, job.machine_of, job.machine)
         self.netns_of: dict[str, str | None] = {
@@ -78,6 +57,7 @@ class MachineShare:
         self.record = RunRecord.new(job.run_id)
         self.lossless: LosslessPorts | None = None
         self.workdir: Path | None = None  # the share's folder (the machine's NIC engines write there too)
+        self.cpu: CpuMonitor | None = None
 
     def up(self) -> None:
         rec = self.record
@@ -105,9 +85,42 @@ class MachineShare:
     def counters(self) -> dict:
         return self.lossless.counters() if self.lossless is not None else {}
 
+    def snapshot(self) -> dict:
+        ports = self.counters()
+        mine = {e.node for e in self.ports.ends if e.role == "switch"}
+        return {"rows": [asdict(r) for r in counters.snapshot(self.plan, ports, mine)], "ports": ports}
+
+    def thresholds(self) -> list[dict]:
+        return self.lossless.installed() if self.lossless is not None else []
+
+    def cpu_start(self) -> str:
+        """The CPU monitor, watching this machine's PFC daemon and its NIC engines: started over
+        ssh by the head, they are found by their config in this share's folder."""
+        watched = {self.lossless.daemon.pid: "pfc-daemon"} if self.lossless and self.lossless.daemon else {}
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                try:
+                    args = (proc / "cmdline").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                if b"fabric_emu.nic" in args and any(a.startswith(str(self.workdir).encode() + b"/") for a in args):
+                    watched[int(proc.name)] = f"nic {Path(args[-2].decode()).stem.split('.')[0]}"
+        self.cpu = CpuMonitor(processes=watched, datapath=datapath_of(self.plan.extra))
+        self.cpu.__enter__()
+        return "OK"
+
+    def cpu_stop(self) -> dict:
+        if self.cpu is None:
+            return {}
+        self.cpu.__exit__(None, None, None)
+        summary, self.cpu = self.cpu.summary(), None
+        return summary
+
     def down(self) -> dict:
         stats: dict = {}
         try:
+            if self.cpu is not None:
+                self.cpu_stop()
             if self.lossless is not None:
                 stats = self.lossless.stop()
         finally:
@@ -131,10 +144,13 @@ def serve(stdin=sys.stdin, stdout=sys.stdout) -> int:
         share = MachineShare(MachineJob.from_json(stdin.readline()))
         share.up()
         say(f"READY {share.workdir}")
+        answers = {"COUNTERS": share.counters, "SNAPSHOT": share.snapshot, "THRESHOLDS": share.thresholds,
+                   "CPU_START": share.cpu_start, "CPU_STOP": share.cpu_stop}
         for line in stdin:
             command = line.strip()
-            if command == "COUNTERS":
-                say(json.dumps(share.counters()))
+            if command in answers:
+                answer = answers[command]()
+                say(answer if isinstance(answer, str) else json.dumps(answer))
             elif command == "STOP":
                 stats, share = share.down(), None
                 say("STOPPED " + json.dumps(stats))
