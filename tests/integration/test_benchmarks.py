@@ -29,6 +29,7 @@ EXPECTED: dict[str, tuple[list[str], float]] = {
     "versus": ([rf"ratios this/earlier: OVS per packet {NUMBER}, NIC per packet {NUMBER}$"], 300),
     "versus --scale-up": ([rf"NIC CPU per fabric packet / earlier: this tree {NUMBER}, "
                            rf"this tree \+ scale-up {NUMBER}$"], 400),
+    "machines": ([rf"^ratios split/whole: bring-up {NUMBER}, CPU per packet {NUMBER}, busbw {NUMBER}$"], 400),
     # Here only the userspace datapath (no openvswitch module); the lab VM has both.
     "datapaths": ([rf"^quickstart: both, per switch packet \(us\) +{NUMBER}",
                    r"^lowest trusted quickstart dilation +(\d+|none)"], 300),
