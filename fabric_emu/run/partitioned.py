@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import os
 import time
+from functools import partial
 from pathlib import Path
 
-from fabric_emu.fabric.cluster import ClusterFabric, Machine
+from fabric_emu.fabric.cluster import ClusterFabric, Machine, Underlay, check_underlay, preflight, ssh_run
 from fabric_emu.fabric.controller import ControllerProcess, start_controller
 from fabric_emu.measure import counters
 from fabric_emu.measure.fidelity import CpuMonitor, merge_machine_cpu
@@ -27,7 +28,8 @@ from fabric_emu.run.runner import READY_TIMEOUT_S, Interrupted, Runner, keep_log
 from fabric_emu.state.cleanup import clean_record
 from fabric_emu.state.records import RunRecord
 from fabric_emu.state.supervise import ComponentFailed
-from fabric_emu.topo.placement import place
+from fabric_emu.spec.machines import clock_problem, underlay_delay_problem
+from fabric_emu.topo.placement import Placement, place
 
 SSH_CONFIG_ENV = "FABRIC_EMU_SSH_CONFIG"  # an ssh config file for every ssh to the machines
 
@@ -37,6 +39,7 @@ class PartitionedRunner(Runner):
 
     cluster: ClusterFabric | None = None
     ctrl: ControllerProcess | None = None
+    underlay: Underlay | None = None  # what the preflight measured
 
     def conflicts(self) -> list[str]:
         return []  # the fabric's names live on the machines, each in its own Open vSwitch
@@ -44,25 +47,47 @@ class PartitionedRunner(Runner):
     def machines(self) -> list[Machine]:
         return [Machine(m.name, m.ssh_address or m.address, m.address, m.ssh_user) for m in self.spec.machines]
 
+    def preflight(self, machines: list[Machine], placement: Placement, ssh_config: Path | None) -> Underlay:
+        """Before anything is built: the underlay carries the fabric's frames (MTU), its delay
+        divided by the dilation stays within the modelled cable's, and every machine's clock is
+        close enough to the head's for one start epoch; the run fails with what is wrong."""
+        from fabric_emu.nic.launch import START_DELAY_S
+
+        check_underlay(machines, self.plan.mtu, partial(ssh_run, ssh_config))
+        at = placement.machine_of
+        pairs = {pair for ln in placement.cut for pair in ((at[ln.a], at[ln.b]), (at[ln.b], at[ln.a]))}
+        measured = preflight(ssh_config, machines, pairs)
+        problems = [f"machines: {m}: {p}" for m, (offset, unc) in measured.clocks.items()
+                    if (p := clock_problem(offset, unc, START_DELAY_S))]
+        problems += [f"machines: the underlay from {a} to {b}: {p}" for (a, b), rtt in measured.rtt.items()
+                     if (p := underlay_delay_problem(rtt / 2, self.plan.dilation, self.spec.pfc.cable_length))]
+        if problems:
+            raise RuntimeError("; ".join(problems))
+        worst = max(measured.rtt.values(), default=0.0)
+        skew = max((abs(o) for o, _ in measured.clocks.values()), default=0.0)
+        self.say(f"underlay: round trip up to {worst * 1e3:.2f} ms ({worst / 2 / self.plan.dilation * 1e9:.0f} ns "
+                 f"modelled one way); clocks within {skew * 1e3:.1f} ms of the head's")
+        return measured
+
     def bring_up(self, record: RunRecord, workdir: Path) -> None:
         from fabric_emu.nic.launch import spray_entropies
 
         t = time.monotonic()
+        machines = self.machines()
+        placement = place(self.plan, [m.name for m in machines])
+        ssh_config = Path(os.environ[SSH_CONFIG_ENV]) if os.environ.get(SSH_CONFIG_ENV) else None
+        self.say(f"over {len(machines)} machines: " + "; ".join(
+            f"{m.name} {sum(1 for at in placement.machine_of.values() if at == m.name)} nodes" for m in machines)
+            + f"; {len(placement.cut)} links cross the underlay")
+        self.underlay = self.preflight(machines, placement, ssh_config)
         plan_path = workdir / "plan.json"
         plan_path.write_text(self.plan.to_json())
         self.ctrl = start_controller(plan_path, workdir, lb_mode=self.spec.load_balancing,
                                      spray_entropies=spray_entropies(self.spec, self.plan) or None)
         record.add_process(self.ctrl.pid, "controller")
-        machines = self.machines()
-        placement = place(self.plan, [m.name for m in machines])
-        ssh_config = os.environ.get(SSH_CONFIG_ENV)
-        self.cluster = ClusterFabric(self.plan, placement, machines, Path(ssh_config) if ssh_config else None,
-                                     self.ctrl.port, workdir, record.run_id, ports=port_args(self.spec),
-                                     record=record)
-        self.say(f"over {len(machines)} machines: " + "; ".join(
-            f"{m.name} {sum(1 for at in placement.machine_of.values() if at == m.name)} nodes" for m in machines)
-            + f"; {len(placement.cut)} links cross the underlay")
-        self.cluster.check()
+        self.cluster = ClusterFabric(self.plan, placement, machines, ssh_config, self.ctrl.port, workdir,
+                                     record.run_id, ports=port_args(self.spec), record=record)
+        self.cluster.checked = True  # by the preflight
         self.ctrl.wait_listening()
         self.cluster.build()
         self.cluster.start()
@@ -117,6 +142,7 @@ class PartitionedRunner(Runner):
         machine's CPU while the traffic ran."""
         at = self.cluster.placement.machine_of
         return {"head": self.spec.machines[0].name, "underlay_mtu_needed": self.plan.extra["placement"]["underlay_mtu"],
+                **(self.underlay.to_dict() if self.underlay is not None else {}),
                 "cut_links": [f"{ln.a}-{ln.b}" for ln in self.cluster.placement.cut],
                 "by_machine": {m.name: {"address": m.address,
                                         "switches": [s.name for s in self.plan.switches if at[s.name] == m.name],

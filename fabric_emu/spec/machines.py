@@ -55,3 +55,30 @@ class MachineSpec(Strict):
         if len(v) > 253 or not HOSTNAME_RE.match(v):
             raise ValueError(f"{v!r} is not an IPv4 or IPv6 address or a DNS name")
         return v
+
+
+SIGNAL_SPEED_M_S = 2e8  # in fibre or copper: 5 ns a metre
+
+
+def underlay_delay_problem(one_way_s: float, dilation: float, cable_m: float) -> str | None:
+    """A cut link's frames (data and pauses) also cross the underlay, whose delay the fabric
+    does not model: divided by the dilation it must stay within the modelled cable's own
+    propagation delay, which the PFC headroom is sized for (docs/lossless-ports.md)."""
+    cable_s = max(cable_m, 1.0) / SIGNAL_SPEED_M_S  # a cable of 0 m still has its transceivers
+    modelled_s = one_way_s / dilation
+    if modelled_s <= cable_s:
+        return None
+    need = one_way_s / cable_s
+    return (f"its one-way delay, {one_way_s * 1e6:.0f} us, is {modelled_s * 1e9:.0f} ns of modelled time at "
+            f"dilation {dilation:g}, more than the modelled {cable_m:g} m cable's {cable_s * 1e9:.0f} ns: "
+            f"use a dilation of at least {need:.0f}")
+
+
+def clock_problem(offset_s: float, uncertainty_s: float, start_delay_s: float) -> str | None:
+    """Every machine's NIC engines start at one wall-clock epoch: a clock that is off by more
+    than a quarter of the delay before it (beyond what the measurement cannot tell) would start
+    its engines late, or miss the start."""
+    if abs(offset_s) - uncertainty_s <= start_delay_s / 4:
+        return None
+    return (f"its clock is {offset_s * 1e3:+.1f} ms off the head's (+-{uncertainty_s * 1e3:.1f} ms): "
+            f"synchronise the clocks (chrony, NTP) to within {start_delay_s / 4 * 1e3:.0f} ms")
