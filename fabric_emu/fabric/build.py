@@ -16,6 +16,9 @@ import socket
 import subprocess
 from pathlib import Path
 
+from fabric_emu.kernel import mininet_compat
+
+mininet_compat.install()  # before any of Mininet: Python 3.12 has no distutils
 from mininet.net import Mininet
 from mininet.node import Host, OVSSwitch, RemoteController
 from mininet.topo import Topo

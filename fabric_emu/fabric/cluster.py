@@ -20,7 +20,6 @@ called: a cluster fabric removes what it made, by name.
 
 from __future__ import annotations
 
-import importlib.util
 import ipaddress
 import json
 import os
@@ -30,7 +29,6 @@ import shlex
 import subprocess
 import sys
 import time
-import types
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -46,28 +44,10 @@ from fabric_emu.topo.placement import Placement
 from fabric_emu.topo.plan import FabricPlan
 
 
-def _distutils_shim() -> None:
-    """Cluster Edition imports distutils.version.StrictVersion, gone from Python 3.12 (Ubuntu
-    24.04's): give it the one comparison it makes (Open vSwitch's version against 1.10)."""
-    if importlib.util.find_spec("distutils") is not None:  # Python <= 3.11, or setuptools' copy
-        return
+from fabric_emu.kernel import mininet_compat
 
-    class StrictVersion:
-        def __init__(self, text: str) -> None:
-            self.parts = tuple(int(p) for p in re.findall(r"\d+", text)[:3])
-
-        def __lt__(self, other: "StrictVersion") -> bool:
-            return self.parts < other.parts
-
-    package, version = types.ModuleType("distutils"), types.ModuleType("distutils.version")
-    version.StrictVersion = StrictVersion  # type: ignore[attr-defined]
-    package.version = version  # type: ignore[attr-defined]
-    sys.modules.setdefault("distutils", package)
-    sys.modules.setdefault("distutils.version", version)
-
-
-_distutils_shim()
-from mininet.examples import cluster as ce  # noqa: E402  (after the shim)
+mininet_compat.install()  # before any of Mininet: Python 3.12 has no distutils
+from mininet.examples import cluster as ce  # noqa: E402  (after mininet_compat)
 
 UNDERLAY_DEVICE_RE = re.compile(r"\bdev (\S+)")
 

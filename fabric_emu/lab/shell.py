@@ -15,6 +15,9 @@ import traceback
 from collections.abc import Callable, Iterable
 from typing import TextIO
 
+from fabric_emu.kernel import mininet_compat
+
+mininet_compat.install()  # before any of Mininet: Python 3.12 has no distutils
 from mininet.cli import CLI
 from rich.console import Console
 

@@ -74,3 +74,18 @@ def test_the_pfc_incast_split_over_two_machines_is_lossless_and_pauses_cross(ser
     assert s["status"] == "ok" and s["fidelity"]["trusted"], s["fidelity"]
     assert s["switch"]["lossless_drops"] == 0 and s["switch"]["drops"] == 0
     assert s["switch"]["pause_tx"] > 0 and pauses > 0
+
+
+def test_a_1500_byte_underlay_fails_the_run_before_anything_is_built(tmp_path: Path) -> None:
+    with two_servers(f"fesm{os.getpid() % 100000}", underlay_mtu=1500) as small:
+        cmd = [sys.executable, "-m", "fabric_emu", "run", str(REPO / "experiments" / "quickstart.yaml"), "--out",
+               str(tmp_path), "--set", "machines=[" + ", ".join(
+                   f"{{name: {s.name}, address: {s.address}, ssh_address: {s.ssh_address}}}" for s in small) + "]"]
+        done = subprocess.run(cmd, cwd=REPO, env={**os.environ, "FABRIC_EMU_SSH_CONFIG": str(small[0].ssh_config)},
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 1
+        assert "MTU 1500" in done.stderr and "at least 4250" in done.stderr, done.stderr
+        assert "controller" not in done.stdout and "fabric up" not in done.stdout
+        for s in small:
+            assert s.run(["ovs-vsctl", "--timeout=10", "list-br"]).stdout.split() == []
+            assert s.run(["find", "/var/lib/fabric-emu/runs", "-type", "f"]).stdout.split() == []

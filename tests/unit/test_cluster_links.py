@@ -47,3 +47,24 @@ def test_stitch_commands_redirect_both_ways_and_never_fragment() -> None:
 def test_stitch_commands_refuse_names_that_would_reach_a_shell(intf: str, local: str) -> None:
     with pytest.raises(ValueError):
         stitch_commands(intf, 7, local, "10.210.0.2", "ul0", 4200)
+
+
+def test_cluster_edition_imports_where_distutils_is_gone() -> None:
+    """Python 3.12 (Ubuntu 24.04's) has no distutils, which Cluster Edition imports: a Python
+    where it cannot be found still imports our adapters (the shim), as this one does."""
+    import subprocess
+    import sys
+
+    code = ("import importlib.abc, sys\n"
+            "class NoDistutils(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'distutils' or name.startswith('distutils.'):\n"
+            "            raise ModuleNotFoundError(name)\n"
+            "sys.meta_path.insert(0, NoDistutils())\n"
+            "sys.modules.pop('distutils', None)\n"
+            "import fabric_emu.fabric.cluster as c\n"
+            "from distutils.version import StrictVersion\n"
+            "assert StrictVersion('1.9.2') < StrictVersion('1.10')\n"
+            "print(c.ce.MininetCluster.__name__)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "MininetCluster", done.stderr
