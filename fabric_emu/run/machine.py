@@ -1,7 +1,7 @@
 """One machine's share of a fabric split over several machines (issue 19): the traffic classes,
 port programs, PFC daemon and cross-machine stitches of the ports on that machine, set up
 there by this process, which the head starts over ssh once Cluster Edition has built the
-machine's nodes (fabric_emu.fabric.cluster.MachineAgents), and torn down by it.
+machine's nodes (fabric_emu.fabric.machines.MachineAgents), and torn down by it.
 
     head -> ssh <machine> <python> -m fabric_emu.run.machine
     stdin:  one line of JSON, the job (MachineJob); then commands, a line each
@@ -29,7 +29,7 @@ import traceback
 from dataclasses import asdict
 from pathlib import Path
 
-from fabric_emu.fabric.cluster import MachineJob
+from fabric_emu.fabric.machines import MachineJob
 from fabric_emu.kernel import rps
 from fabric_emu.kernel.ovs_datapath import datapath_of
 from fabric_emu.measure import counters

@@ -18,7 +18,9 @@ import time
 from functools import partial
 from pathlib import Path
 
-from fabric_emu.fabric.cluster import ClusterFabric, Machine, Underlay, check_underlay, preflight, ssh_run
+from fabric_emu.fabric.cluster import ClusterFabric
+from fabric_emu.fabric.machines import Machine, ssh_run
+from fabric_emu.fabric.underlay import Underlay, check_underlay, preflight
 from fabric_emu.fabric.controller import ControllerProcess, start_controller
 from fabric_emu.measure import counters
 from fabric_emu.measure.fidelity import CpuMonitor, merge_machine_cpu

@@ -10,7 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from fabric_emu.fabric.cluster import ClusterFabric, Machine
+from fabric_emu.fabric.cluster import ClusterFabric
+from fabric_emu.fabric.machines import Machine
 from fabric_emu.fabric.controller import start_controller
 from fabric_emu.ports.model import default_settings
 from fabric_emu.spec.topology import TopologySpec

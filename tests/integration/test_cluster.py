@@ -3,7 +3,7 @@ kernel: two "servers" of their own network, mount and PID namespaces, each with 
 vSwitch and sshd (tests/integration/servers.py), driven over real ssh. 2 spines x 2 leaves x 2
 hosts: leaf1, h1, h2 and spine1 on s1; leaf2, h3, h4 and spine2 on s2 (fabric_emu.topo.
 placement), so leaf1-spine2 and leaf2-spine1 cross the underlay in VXLAN (fabric_emu.fabric.
-cluster.StitchLink). The os-ken controller runs here, on loopback, reached through ssh -R.
+stitch_link.StitchLink). The os-ken controller runs here, on loopback, reached through ssh -R.
 Each server runs its own share of the port model (classes, port programs, PFC daemon and the
 programs' stitch of the cut links: fabric_emu.run.machine), started over ssh.
 """
@@ -23,7 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from fabric_emu.fabric.cluster import ClusterFabric, Machine, stitch_names
+from fabric_emu.fabric.cluster import ClusterFabric
+from fabric_emu.fabric.machines import Machine
+from fabric_emu.fabric.stitch_link import stitch_names
 from fabric_emu.fabric.controller import start_controller
 from fabric_emu.ports.model import EcnSettings, default_settings
 from fabric_emu.spec.topology import TopologySpec
@@ -140,7 +142,7 @@ def test_traffic_between_leaves_crosses_the_underlay(split: Split) -> None:
     assert split.ping("h1", "h3", count=20)
     across = underlay_packets(s1) - before
     assert across >= 20 and within < 5, (across, within)
-    # the cut links' ends are the VXLAN devices of fabric_emu.fabric.cluster
+    # the cut links' ends are the VXLAN devices of fabric_emu.fabric.stitch_link
     for ln in split.placement.cut:
         vni = next(i for i, x in enumerate(split.plan.links, start=1) if x == ln)
         for server in split.servers.values():

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from fabric_emu.fabric.cluster import placer_for, stitch_commands, stitch_link_for, Machine
+from fabric_emu.fabric.cluster import placer_for
+from fabric_emu.fabric.machines import Machine
+from fabric_emu.fabric.stitch_link import stitch_commands, stitch_link_for
 from fabric_emu.spec.topology import TopologySpec
 from fabric_emu.topo.placement import place
 from fabric_emu.topo.plan import build_plan
