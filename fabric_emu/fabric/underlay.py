@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import shlex
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,11 +47,13 @@ class Underlay:
 
     clocks: dict[str, tuple[float, float]]
     rtt: dict[tuple[str, str], float]
+    bandwidth: dict[tuple[str, str], float]  # bits/s, from each machine to one of its cut peers
 
     def to_dict(self) -> dict:
         return {"clock_offset_ms": {m: round(o * 1e3, 3) for m, (o, _) in self.clocks.items()},
                 "clock_uncertainty_ms": {m: round(u * 1e3, 3) for m, (_, u) in self.clocks.items()},
-                "rtt_ms": {f"{a}->{b}": round(r * 1e3, 3) for (a, b), r in self.rtt.items()}}
+                "rtt_ms": {f"{a}->{b}": round(r * 1e3, 3) for (a, b), r in self.rtt.items()},
+                "bandwidth_mbps": {f"{a}->{b}": round(r / 1e6) for (a, b), r in self.bandwidth.items()}}
 
 
 def clock_offset(ssh_config: Path | None, m: Machine, samples: int = 5) -> tuple[float, float]:
@@ -84,7 +88,9 @@ def underlay_rtt(ssh_config: Path | None, m: Machine, peer: Machine) -> subproce
 
 
 def preflight(ssh_config: Path | None, machines: list[Machine], pairs: set[tuple[str, str]]) -> Underlay:
-    """Each machine's clock, and the underlay round trip of every pair of machines a cut link joins."""
+    """Each machine's clock, the underlay round trip of every pair of machines a cut link joins,
+    and, one machine at a time (streams at once would share the underlay), what the underlay
+    carries from each machine to one of those peers (its first)."""
     by_name = {m.name: m for m in machines}
     pings = {(a, b): underlay_rtt(ssh_config, by_name[a], by_name[b]) for a, b in sorted(pairs)}
     clocks = {m.name: clock_offset(ssh_config, m) for m in machines}
@@ -96,4 +102,58 @@ def preflight(ssh_config: Path | None, machines: list[Machine], pairs: set[tuple
             raise RuntimeError(f"machines: {a} cannot ping {b}'s underlay address {by_name[b].underlay}: "
                                f"{out.strip().splitlines()[-1] if out.strip() else 'no answer'}")
         rtt[(a, b)] = float(match.group(1)) / 1e3
-    return Underlay(clocks, rtt)
+    first_peer = {}
+    for a, b in sorted(pairs):
+        first_peer.setdefault(a, b)
+    bandwidth = {(a, b): underlay_bandwidth(ssh_config, by_name[a], by_name[b]) for a, b in first_peer.items()}
+    return Underlay(clocks, rtt, bandwidth)
+
+
+SINK = """
+import socket, sys, time
+s = socket.socket()
+s.bind((sys.argv[1], 0))
+s.listen(1)
+s.settimeout(20)
+print(s.getsockname()[1], flush=True)
+c, _ = s.accept()
+n, t0 = 0, None
+while True:
+    d = c.recv(1 << 20)
+    if not d:
+        break
+    t0 = t0 or time.monotonic()
+    n += len(d)
+print(n, time.monotonic() - t0, flush=True)
+"""
+SOURCE = """
+import socket, sys, time
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+chunk, end = bytes(1 << 20), time.monotonic() + float(sys.argv[3])
+while time.monotonic() < end:
+    c.sendall(chunk)
+c.close()
+"""
+
+
+def underlay_bandwidth(ssh_config: Path | None, m: Machine, peer: Machine, seconds: float = 0.5) -> float:
+    """What the underlay carries from m to peer, bits/s: one TCP stream for `seconds`, into a
+    one-connection listener on the peer's underlay address (gone once measured)."""
+    sink = subprocess.Popen([*ssh(ssh_config), peer.dest,
+                             f"{shlex.quote(sys.executable)} -c {shlex.quote(SINK)} {peer.underlay}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        port = sink.stdout.readline().strip()
+        if not port.isdigit():
+            raise RuntimeError(f"machines: cannot measure the underlay into {peer.name}: {sink.stderr.read().strip()}")
+        sent = subprocess.run([*ssh(ssh_config), m.dest, f"{shlex.quote(sys.executable)} -c {shlex.quote(SOURCE)} "
+                               f"{peer.underlay} {port} {seconds}"], capture_output=True, text=True, timeout=60)
+        if sent.returncode != 0:
+            raise RuntimeError(f"machines: cannot measure the underlay from {m.name} to {peer.name}: "
+                               f"{sent.stderr.strip().splitlines()[-1] if sent.stderr.strip() else sent.returncode}")
+        received, elapsed = sink.stdout.readline().split()
+        return int(received) * 8 / max(float(elapsed), 1e-6)
+    finally:
+        if sink.poll() is None:
+            sink.terminate()
+        sink.wait(10)

@@ -30,7 +30,7 @@ from fabric_emu.run.runner import READY_TIMEOUT_S, Interrupted, Runner, keep_log
 from fabric_emu.state.cleanup import clean_record
 from fabric_emu.state.records import RunRecord
 from fabric_emu.state.supervise import ComponentFailed
-from fabric_emu.spec.machines import clock_problem, underlay_delay_problem
+from fabric_emu.spec.machines import clock_problem, underlay_bandwidth_problem, underlay_delay_problem
 from fabric_emu.topo.placement import Placement, place
 
 SSH_CONFIG_ENV = "FABRIC_EMU_SSH_CONFIG"  # an ssh config file for every ssh to the machines
@@ -63,12 +63,18 @@ class PartitionedRunner(Runner):
                     if (p := clock_problem(offset, unc, START_DELAY_S))]
         problems += [f"machines: the underlay from {a} to {b}: {p}" for (a, b), rtt in measured.rtt.items()
                      if (p := underlay_delay_problem(rtt / 2, self.plan.dilation, self.spec.pfc.cable_length))]
+        out_of = {m.name: sum(ln.gbps * 1e9 / self.plan.dilation for ln in placement.cut if m.name in (at[ln.a], at[ln.b]))
+                  for m in machines}  # every cut link of a machine at its emulated rate, out of it
+        problems += [f"machines: the underlay out of {a}: {p}" for (a, _), bps in measured.bandwidth.items()
+                     if (p := underlay_bandwidth_problem(out_of[a], bps, self.plan.dilation))]
         if problems:
             raise RuntimeError("; ".join(problems))
         worst = max(measured.rtt.values(), default=0.0)
         skew = max((abs(o) for o, _ in measured.clocks.values()), default=0.0)
+        least = min(measured.bandwidth.values(), default=0.0)
         self.say(f"underlay: round trip up to {worst * 1e3:.2f} ms ({worst / 2 / self.plan.dilation * 1e9:.0f} ns "
-                 f"modelled one way); clocks within {skew * 1e3:.1f} ms of the head's")
+                 f"modelled one way), at least {least / 1e6:.0f} Mb/s out of each machine, the cut links need up to "
+                 f"{max(out_of.values(), default=0.0) / 1e6:.0f}; clocks within {skew * 1e3:.1f} ms of the head's")
         return measured
 
     def bring_up(self, record: RunRecord, workdir: Path) -> None:

@@ -82,3 +82,18 @@ def clock_problem(offset_s: float, uncertainty_s: float, start_delay_s: float) -
         return None
     return (f"its clock is {offset_s * 1e3:+.1f} ms off the head's (+-{uncertainty_s * 1e3:.1f} ms): "
             f"synchronise the clocks (chrony, NTP) to within {start_delay_s / 4 * 1e3:.0f} ms")
+
+
+UNDERLAY_SHARE = 0.5  # of the measured underlay bandwidth the cut links may need at most
+
+
+def underlay_bandwidth_problem(needed_bps: float, measured_bps: float, dilation: float) -> str | None:
+    """The cut links between two machines carry up to their emulated rates (modelled / dilation)
+    each way, which must fit in a share of what the underlay carried when measured (the rest is
+    for bursts, VXLAN's headers and the control traffic)."""
+    if needed_bps <= UNDERLAY_SHARE * measured_bps:
+        return None
+    need = dilation * needed_bps / (UNDERLAY_SHARE * measured_bps)
+    return (f"its cut links carry up to {needed_bps / 1e6:.0f} Mb/s at dilation {dilation:g}, more than "
+            f"{UNDERLAY_SHARE:.0%} of the {measured_bps / 1e6:.0f} Mb/s it carried when measured: "
+            f"use a dilation of at least {need:.0f}")

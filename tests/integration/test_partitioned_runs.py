@@ -76,16 +76,33 @@ def test_the_pfc_incast_split_over_two_machines_is_lossless_and_pauses_cross(ser
     assert s["switch"]["pause_tx"] > 0 and pauses > 0
 
 
+def refused_split_quickstart(servers: tuple[Server, ...], out: Path) -> str:
+    """The quickstart over the servers, which must fail before anything is built: its error."""
+    cmd = [sys.executable, "-m", "fabric_emu", "run", str(REPO / "experiments" / "quickstart.yaml"), "--out",
+           str(out), "--set", "machines=[" + ", ".join(
+               f"{{name: {s.name}, address: {s.address}, ssh_address: {s.ssh_address}}}" for s in servers) + "]"]
+    done = subprocess.run(cmd, cwd=REPO, env={**os.environ, "FABRIC_EMU_SSH_CONFIG": str(servers[0].ssh_config)},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stdout[-2000:]
+    assert "fabric up" not in done.stdout
+    for s in servers:
+        assert s.run(["ovs-vsctl", "--timeout=10", "list-br"]).stdout.split() == []
+        assert s.run(["find", "/var/lib/fabric-emu/runs", "-type", "f"]).stdout.split() == []
+    return done.stderr
+
+
 def test_a_1500_byte_underlay_fails_the_run_before_anything_is_built(tmp_path: Path) -> None:
     with two_servers(f"fesm{os.getpid() % 100000}", underlay_mtu=1500) as small:
-        cmd = [sys.executable, "-m", "fabric_emu", "run", str(REPO / "experiments" / "quickstart.yaml"), "--out",
-               str(tmp_path), "--set", "machines=[" + ", ".join(
-                   f"{{name: {s.name}, address: {s.address}, ssh_address: {s.ssh_address}}}" for s in small) + "]"]
-        done = subprocess.run(cmd, cwd=REPO, env={**os.environ, "FABRIC_EMU_SSH_CONFIG": str(small[0].ssh_config)},
-                              capture_output=True, text=True, timeout=300)
-        assert done.returncode == 1
-        assert "MTU 1500" in done.stderr and "at least 4250" in done.stderr, done.stderr
-        assert "controller" not in done.stdout and "fabric up" not in done.stdout
-        for s in small:
-            assert s.run(["ovs-vsctl", "--timeout=10", "list-br"]).stdout.split() == []
-            assert s.run(["find", "/var/lib/fabric-emu/runs", "-type", "f"]).stdout.split() == []
+        error = refused_split_quickstart(small, tmp_path)
+    assert "MTU 1500" in error and "at least 4250" in error, error
+
+
+def test_an_underlay_too_slow_for_the_cut_links_fails_the_run(tmp_path: Path) -> None:
+    """The quickstart split in two has 4 cut links of 100 Gb/s at dilation 4000: up to 100 Mb/s
+    out of each machine, which an underlay shaped to 150 Mb/s cannot carry with room to spare."""
+    with two_servers(f"fesb{os.getpid() % 100000}") as slow:
+        for s in slow:
+            s.run(["tc", "qdisc", "add", "dev", "ul0", "root", "tbf", "rate", "150mbit", "burst", "256kb",
+                   "latency", "20ms"], check=True)
+        error = refused_split_quickstart(slow, tmp_path)
+    assert "cut links carry up to 100 Mb/s at dilation 4000" in error and "use a dilation of at least" in error, error
