@@ -167,6 +167,16 @@ class MachineAgents:
             out[name] = line if line == "OK" else json.loads(line)
         return out
 
+    def ask_one(self, name: str, command: str, timeout_s: float = 30.0) -> str:
+        """One machine's answer to a command (an event's part there: "OK")."""
+        p = self.procs[name]
+        p.stdin.write(command + "\n")
+        p.stdin.flush()
+        line = self._line(p, timeout_s)
+        if line != "OK":
+            raise RuntimeError(f"machine {name}: {command}: {line or self._error(p)}")
+        return line
+
     def counters(self) -> dict[str, dict]:
         """Every port's program counters on every machine, by machine and interface."""
         return self.ask("COUNTERS")  # type: ignore[return-value]

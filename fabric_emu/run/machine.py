@@ -11,6 +11,8 @@ machine's nodes (fabric_emu.fabric.machines.MachineAgents), and torn down by it.
             THRESHOLDS -> the thresholds its switch ports run with (LosslessPorts.installed)
             CPU_START  -> OK: its CPU monitor starts (the machine, ovs-vswitchd, its PFC daemon and
                           the NIC engines running from its folder); CPU_STOP -> its summary
+            LINK <interface> up|down, RATE <interface> <Gb/s>, STORM <host> on|off -> OK: a
+                          scheduled event on a port or NIC of this machine's
             STOP     -> the ports torn down, then STOPPED <the PFC daemon's stats as JSON>; exit
     end of stdin, SIGHUP or SIGTERM (the head, or its ssh, went away): torn down; exit
 
@@ -32,6 +34,7 @@ from pathlib import Path
 from fabric_emu.fabric.machines import MachineJob
 from fabric_emu.kernel import rps
 from fabric_emu.kernel.ovs_datapath import datapath_of
+from fabric_emu.kernel.shaping import open_iproute
 from fabric_emu.measure import counters
 from fabric_emu.measure.fidelity import CpuMonitor
 from fabric_emu.ports import datapath, queues
@@ -116,6 +119,27 @@ class MachineShare:
         summary, self.cpu = self.cpu.summary(), None
         return summary
 
+    def act(self, command: str, args: list[str]) -> str:
+        """A scheduled event's part on this machine: a link end up or down, its rate, a NIC's
+        PFC storm. Names must be this share's (they come from the head, checked all the same)."""
+        intfs = {e.intf: e for e in self.ports.ends}
+        if command in ("LINK", "RATE") and (len(args) != 2 or args[0] not in intfs):
+            raise ValueError(f"{command}: not a port of this machine: {' '.join(args)[:60]}")
+        if command == "LINK":
+            if args[1] not in ("up", "down"):
+                raise ValueError(f"LINK: state must be up or down, not {args[1][:10]!r}")
+            with open_iproute(self.netns_of[intfs[args[0]].node]) as ipr:
+                ipr.link("set", index=ipr.link_lookup(ifname=args[0])[0], state=args[1])
+        elif command == "RATE":
+            end = intfs[args[0]]
+            queues.set_link_rate(end.intf, float(args[1]) * 1e9 / self.plan.dilation, self.plan.mtu,
+                                 self.netns_of[end.node])
+        elif command == "STORM":
+            if len(args) != 2 or args[1] not in ("on", "off"):
+                raise ValueError("STORM: <host> on|off")
+            self.lossless.set_storm(args[0], args[1] == "on")
+        return "OK"
+
     def down(self) -> dict:
         stats: dict = {}
         try:
@@ -147,8 +171,13 @@ def serve(stdin=sys.stdin, stdout=sys.stdout) -> int:
         answers = {"COUNTERS": share.counters, "SNAPSHOT": share.snapshot, "THRESHOLDS": share.thresholds,
                    "CPU_START": share.cpu_start, "CPU_STOP": share.cpu_stop}
         for line in stdin:
-            command = line.strip()
-            if command in answers:
+            command, *args = line.split() or [""]
+            if command in ("LINK", "RATE", "STORM"):
+                try:
+                    say(share.act(command, args))
+                except (OSError, ValueError, IndexError) as e:
+                    say(f"ERROR {e}")
+            elif command in answers:
                 answer = answers[command]()
                 say(answer if isinstance(answer, str) else json.dumps(answer))
             elif command == "STOP":

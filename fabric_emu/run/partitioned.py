@@ -7,8 +7,10 @@ machine measures (its switch ports' counters, its PFC daemon's log, its CPU) com
 head, which writes one results folder as a run on one machine does. The phases and the
 results are Runner's; what differs is where things run.
 
-Not across machines yet (refused before anything is built: fabric_emu.run.prepare): events,
-background traffic, captures, several jobs, the PFC watchdog and DLB; no live view or exporter.
+Scheduled events act on the machine of each port or NIC they touch (its agent's LINK, RATE and
+STORM), controller restarts on the head. Not across machines yet (refused before anything is
+built: fabric_emu.run.prepare): background traffic, captures, several jobs, the PFC watchdog
+and DLB; no live view or exporter.
 """
 
 from __future__ import annotations
@@ -113,7 +115,28 @@ class PartitionedRunner(Runner):
         ports = {intf: c for a in answers.values() for intf, c in a["ports"].items()}
         return [rows[k] for k in order], ports
 
+    # -- a scheduled event's part on the machine of each port or NIC it touches --
+    def _ends(self, a: str, b: str) -> list[tuple[str, str]]:
+        ends = [(a, p.intf) for p in self.plan.ports(a) if p.peer == b] + \
+               [(b, p.intf) for p in self.plan.ports(b) if p.peer == a]
+        if not ends:
+            raise ValueError(f"no link between {a} and {b}")
+        return [(self.cluster.placement.machine_of[node], intf) for node, intf in ends]
+
+    def _set_link(self, a: str, b: str, up: bool) -> None:
+        for machine, intf in self._ends(a, b):  # both ends, as a cut cable
+            self.cluster.agents.ask_one(machine, f"LINK {intf} {'up' if up else 'down'}")
+
+    def _set_rate(self, a: str, b: str, gbps: float) -> None:
+        for machine, intf in self._ends(a, b):
+            self.cluster.agents.ask_one(machine, f"RATE {intf} {gbps:g}")
+
+    def _set_storm(self, host: str, on: bool) -> None:
+        self.cluster.agents.ask_one(self.cluster.placement.machine_of[host], f"STORM {host} {'on' if on else 'off'}")
+
     def traffic_phase(self, record: RunRecord, workdir: Path) -> None:
+        from fabric_emu.fabric.events import EventRunner
+        from fabric_emu.fabric.keeper import ControllerKeeper
         from fabric_emu.nic.launch import run_agents
 
         agents_of = self.cluster.agents
@@ -122,22 +145,38 @@ class PartitionedRunner(Runner):
         t = time.monotonic()
         cut_short: BaseException | None = None
         started = []
+        keeper = ControllerKeeper(self.ctrl, record, self.plan.dilation, self.say)
+        events = EventRunner(self.spec.events, self.plan.dilation, self.ctrl.rest_url, self._set_link,
+                             self._set_rate, self._set_storm, keeper.act)
+
+        def on_go(go: float) -> None:
+            started.append(agents_of.ask("CPU_START"))
+            keeper.start_watching(go)
+            events.start(go)
+
         with CpuMonitor(processes={self.ctrl.pid: "controller"}, ovs=False) as head_cpu:
+            keeper.on_new_pid = head_cpu.watch
             try:
                 agents = run_agents(self.spec, self.plan, self.ranks, self.cluster, record, workdir, self.say,
-                                    info=self.nic_info, site=self.cluster,
-                                    on_go=lambda go: started.append(agents_of.ask("CPU_START")))
+                                    info=self.nic_info, site=self.cluster, on_go=on_go)
             except (Interrupted, ComponentFailed) as e:
                 agents, cut_short = getattr(e, "agent_stats", {}), e
+            finally:
+                fired, outages = events.stop(), keeper.stop()
+                lb_state = events.final_state()
         self.times["traffic"] = time.monotonic() - t
         ended_monotonic = time.monotonic()
         machine_cpu = agents_of.ask("CPU_STOP") if started else {}
         rows_after, ports_after = self._snapshot()
+        ports = counters.delta(rows_after, rows_before)
+        ttl = (lb_state or {}).get("ttl_expired", {})
+        for row in ports:
+            row.ttl_expired = int(ttl.get(row.switch, {}).get(str(row.port), 0))
         ok = agents and all(a.get("status") == "ok" for a in agents.values())
         self.traffic = {
             "status": "ok" if ok and not cut_short else "incomplete", "agents": agents,
             "machines": self._machines_section(machine_cpu),
-            "ports": counters.delta(rows_after, rows_before), "queues": [],
+            "ports": ports, "queues": [], "events": fired, "lb": lb_state, "controller_outages": outages,
             "cpu": merge_machine_cpu({"head": head_cpu.summary(), **machine_cpu}),
             "traffic_start": t, "thresholds": [r for rows in agents_of.ask("THRESHOLDS").values() for r in rows],
             "nics": counters.nic_totals(self.plan, ports_before, ports_after), "ended_monotonic": ended_monotonic,

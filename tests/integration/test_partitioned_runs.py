@@ -76,6 +76,20 @@ def test_the_pfc_incast_split_over_two_machines_is_lossless_and_pauses_cross(ser
     assert s["switch"]["pause_tx"] > 0 and pauses > 0
 
 
+def test_a_cut_link_failing_between_machines_is_rerouted(servers, tmp_path: Path) -> None:
+    """link-failure takes leaf1-spine2 down mid-run: split in two, that link is cut (leaf1 on s1,
+    spine2 on s2), so each machine's agent takes its end down; the controller reroutes."""
+    s = run(tmp_path / "split", "link-failure", servers)
+    (event,) = s["events"]
+    (failover,) = s["failover"]
+    print(f"\nlink-failure over 2 machines: rerouted in {failover['failover_fabric_us']} us modelled, "
+          f"{s['transport']['retransmitted_packets']} packets retransmitted, busbw {s['busbw_fraction']:.3f}")
+    assert s["status"] == "ok" and s["fidelity"]["trusted"], s["fidelity"]
+    assert event["ok"] and event["link"] == "leaf1-spine2"
+    assert failover["rerouted"] and "leaf1-spine2" in s["machines"]["cut_links"]
+    assert s["transport"]["delivered_fraction"] == 1.0  # what the cut link held was lost, and resent
+
+
 def refused_split_quickstart(servers: tuple[Server, ...], out: Path) -> str:
     """The quickstart over the servers, which must fail before anything is built: its error."""
     cmd = [sys.executable, "-m", "fabric_emu", "run", str(REPO / "experiments" / "quickstart.yaml"), "--out",

@@ -29,10 +29,10 @@ BAD = {
     "more-machines-than-units": ("name: e\ntopology: topo.yaml\nworkload: {type: allreduce, size: 1MB}\nmachines: ["
                                  + ", ".join(f"{{name: m{i}, address: 192.0.2.{i}}}" for i in range(1, 6)) + "]\n",
                                  "exp.yaml: machines: 5 machines need at least 5 fabric units; this fabric has 4"),
-    "machines-with-events": ("name: e\ntopology: topo.yaml\nworkload: {type: allreduce, size: 1MB}\nmachines: "
-                             "[{name: a, address: 192.0.2.1}, {name: b, address: b.lab.example}]\n"
-                             "events: [{at: 1us, link: leaf1-spine1, state: down}]\n",
-                             "exp.yaml: events: scheduled events cannot run over several machines yet"),
+    "machines-with-pfcwd": ("name: e\ntopology: topo.yaml\nworkload: {type: allreduce, size: 1MB}\nmachines: "
+                            "[{name: a, address: 192.0.2.1}, {name: b, address: b.lab.example}]\n"
+                            "pfcwd: {enabled: true}\n",
+                            "exp.yaml: pfcwd: the PFC watchdog cannot run over several machines yet"),
     "machines-ssh-address": ("name: e\ntopology: topo.yaml\nworkload: {type: allreduce, size: 1MB}\nmachines: "
                              "[{name: a, address: 192.0.2.1}, {name: b, address: 192.0.2.2, ssh_address: 'x y'}]\n",
                              "exp.yaml: machines.1.ssh_address: 'x y' is not an IPv4"),
