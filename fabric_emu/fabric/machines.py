@@ -121,7 +121,9 @@ class MachineAgents:
     def __init__(self, ssh_config: Path | None, machines: list[Machine], jobs: dict[str, MachineJob],
                  on_start: Callable[[int, str], None] | None = None) -> None:
         repo = Path(__file__).resolve().parents[2]
-        remote = f"cd {shlex.quote(str(repo))} && exec {shlex.quote(sys.executable)} -m fabric_emu.run.machine"
+        self.ssh_config, self.machines = ssh_config, {m.name: m for m in machines}
+        self.python = f"cd {shlex.quote(str(repo))} && exec {shlex.quote(sys.executable)}"
+        remote = f"{self.python} -m fabric_emu.run.machine"
         self.procs: dict[str, subprocess.Popen] = {}
         self.workdirs: dict[str, Path] = {}  # each share's folder, on its machine
         try:
@@ -181,7 +183,15 @@ class MachineAgents:
         """Every port's program counters on every machine, by machine and interface."""
         return self.ask("COUNTERS")  # type: ignore[return-value]
 
+    def ended(self, name: str) -> str | None:
+        """How a machine's agent (its ssh, here) ended, None while it runs: a supervisor's probe."""
+        code = self.procs[name].poll()
+        return None if code is None else f"ended (its ssh exited with {code})"
+
     def stop(self) -> dict[str, dict]:
+        """Each agent tears its share down and reports its PFC daemon's stats. One that is gone
+        (killed, or its machine unreachable for a while) left its share behind: that machine's
+        own `fabric-emu clean` removes it, by the record the agent wrote there."""
         stats = {}
         for name, p in self.procs.items():
             try:
@@ -192,6 +202,9 @@ class MachineAgents:
                     stats[name] = json.loads(line[len("STOPPED "):])
             except (OSError, ValueError):
                 pass  # it is gone already: closing its ssh below makes it clean up
+            if name not in stats:
+                subprocess.run([*ssh(self.ssh_config), self.machines[name].dest, f"{self.python} -m fabric_emu clean"],
+                               capture_output=True, text=True, timeout=120)
             try:
                 p.stdin.close()
             except OSError:

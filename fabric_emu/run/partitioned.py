@@ -31,7 +31,7 @@ from fabric_emu.ports.pfcd import merge_stats
 from fabric_emu.run.runner import READY_TIMEOUT_S, Interrupted, Runner, keep_logs
 from fabric_emu.state.cleanup import clean_record
 from fabric_emu.state.records import RunRecord
-from fabric_emu.state.supervise import ComponentFailed
+from fabric_emu.state.supervise import Component, ComponentFailed, Supervisor
 from fabric_emu.spec.machines import clock_problem, underlay_bandwidth_problem, underlay_delay_problem
 from fabric_emu.topo.placement import Placement, place
 
@@ -154,11 +154,15 @@ class PartitionedRunner(Runner):
             keeper.start_watching(go)
             events.start(go)
 
+        self.supervisor = supervisor = Supervisor()  # the NIC engines join it as they start
+        for name in agents_of.procs:  # a machine whose agent is gone has lost its ports' PFC daemon
+            supervisor.add(Component(f"the machine agent of {name}", "machine", "fail",
+                                     probe=lambda name=name: agents_of.ended(name)))
         with CpuMonitor(processes={self.ctrl.pid: "controller"}, ovs=False) as head_cpu:
             keeper.on_new_pid = head_cpu.watch
             try:
                 agents = run_agents(self.spec, self.plan, self.ranks, self.cluster, record, workdir, self.say,
-                                    info=self.nic_info, site=self.cluster, on_go=on_go)
+                                    info=self.nic_info, site=self.cluster, on_go=on_go, supervisor=supervisor)
             except (Interrupted, ComponentFailed) as e:
                 agents, cut_short = getattr(e, "agent_stats", {}), e
             finally:
@@ -166,6 +170,10 @@ class PartitionedRunner(Runner):
                 lb_state = events.final_state()
         self.times["traffic"] = time.monotonic() - t
         ended_monotonic = time.monotonic()
+        if isinstance(cut_short, ComponentFailed):  # a part died: a machine may be gone, so none is asked
+            self.traffic = {"status": "failed", "agents": agents, "traffic_start": t,
+                            "ended_monotonic": ended_monotonic, "events": fired, "controller_outages": outages}
+            raise cut_short
         machine_cpu = agents_of.ask("CPU_STOP") if started else {}
         rows_after, ports_after = self._snapshot()
         ports = counters.delta(rows_after, rows_before)

@@ -120,3 +120,47 @@ def test_an_underlay_too_slow_for_the_cut_links_fails_the_run(tmp_path: Path) ->
                    "latency", "20ms"], check=True)
         error = refused_split_quickstart(slow, tmp_path)
     assert "cut links carry up to 100 Mb/s at dilation 4000" in error and "use a dilation of at least" in error, error
+
+
+def test_a_machine_agent_killed_mid_run_ends_it_and_its_machine_is_cleaned(servers, tmp_path: Path) -> None:
+    """kill -9 of s2's agent (it owns s2's ports and PFC daemon) while the ring runs: the run ends
+    at once as failed, naming it, and s2's own `fabric-emu clean`, run by the head over ssh,
+    removes what that agent left there, by its record."""
+    import threading
+    import time
+
+    s2 = servers[1]
+    killed: list[str] = []
+
+    def kill_when_running() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not killed:
+            engines = s2.run(["pgrep", "-f", "fabric_emu.nic"]).stdout.split()
+            agent = s2.run(["pgrep", "-f", "fabric_emu.run.machine"]).stdout.split()
+            if engines and len(agent) == 1:
+                time.sleep(3.0)  # the ring is under way
+                s2.run(["kill", "-9", agent[0]])
+                killed.append(agent[0])
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_when_running, daemon=True)
+    killer.start()
+    cmd = [sys.executable, "-m", "fabric_emu", "run", str(REPO / "experiments" / "quickstart.yaml"), "--out",
+           str(tmp_path), "--set", "workload.size=64MB", "--set", "machines=[" + ", ".join(
+               f"{{name: {s.name}, address: {s.address}, ssh_address: {s.ssh_address}}}" for s in servers) + "]"]
+    t = time.monotonic()
+    done = subprocess.run(cmd, cwd=REPO, env={**os.environ, "FABRIC_EMU_SSH_CONFIG": str(servers[0].ssh_config)},
+                          capture_output=True, text=True, timeout=600)
+    took = time.monotonic() - t
+    killer.join(5)
+    assert killed, "the agent was never seen running"
+    (summary,) = tmp_path.glob("*/*/summary.json")
+    s = json.loads(summary.read_text())
+    print(f"\nagent of s2 killed: the run ended {s['status']} after {took:.0f} s in all: {s.get('error')}")
+    assert done.returncode == 1 and s["status"] == "failed"
+    assert "the machine agent of s2" in s["error"]
+    for server in servers:
+        assert server.run(["ovs-vsctl", "--timeout=10", "list-br"]).stdout.split() == [], server.name
+        assert server.run(["find", "/var/lib/fabric-emu/runs", "-type", "f"]).stdout.split() == [], server.name
+        assert server.run(["find", "/sys/fs/bpf/fabric-emu", "-mindepth", "1"]).stdout.split() == [], server.name
+        assert server.run(["pgrep", "-f", "fabric_emu"]).stdout.split() == [], server.name
