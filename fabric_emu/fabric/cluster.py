@@ -180,6 +180,12 @@ class ClusterFabric:
         return subprocess.Popen(ssh_to + [remote], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                                 text=True, bufsize=1)
 
+    def read_bytes(self, machine: str, path: Path) -> bytes | None:
+        """A file on a machine (a pcap, say), or None if it cannot be read."""
+        done = subprocess.run([*ssh(self.ssh_config), self._machine(machine).dest, f"cat {shlex.quote(str(path))}"],
+                              capture_output=True, timeout=120)
+        return done.stdout if done.returncode == 0 else None
+
     def read(self, machine: str, path: Path) -> str | None:
         done = subprocess.run([*ssh(self.ssh_config), self._machine(machine).dest, f"cat {shlex.quote(str(path))}"],
                               capture_output=True, text=True, timeout=60)

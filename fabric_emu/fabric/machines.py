@@ -169,14 +169,15 @@ class MachineAgents:
             out[name] = line if line == "OK" else json.loads(line)
         return out
 
-    def ask_one(self, name: str, command: str, timeout_s: float = 30.0) -> str:
-        """One machine's answer to a command (an event's part there: "OK")."""
+    def ask_one(self, name: str, command: str, timeout_s: float = 30.0, expect: str = "OK") -> str:
+        """One machine's answer to a command, which must start with `expect` ("OK": an event's
+        part there; "[": a list, as JSON)."""
         p = self.procs[name]
         p.stdin.write(command + "\n")
         p.stdin.flush()
         line = self._line(p, timeout_s)
-        if line != "OK":
-            raise RuntimeError(f"machine {name}: {command}: {line or self._error(p)}")
+        if not line.startswith(expect):
+            raise RuntimeError(f"machine {name}: {command.split()[0]}: {line or self._error(p)}")
         return line
 
     def counters(self) -> dict[str, dict]:

@@ -13,6 +13,8 @@ machine's nodes (fabric_emu.fabric.machines.MachineAgents), and torn down by it.
                           the NIC engines running from its folder); CPU_STOP -> its summary
             LINK <interface> up|down, RATE <interface> <Gb/s>, STORM <host> on|off -> OK: a
                           scheduled event on a port or NIC of this machine's
+            CAPTURE_START <CaptureSpec as JSON, of this machine's ports> -> OK: its tcpdumps
+            CAPTURE_STOP -> the pcap files here, stopped and closed (the head fetches them)
             STOP     -> the ports torn down, then STOPPED <the PFC daemon's stats as JSON>; exit
     end of stdin, SIGHUP or SIGTERM (the head, or its ssh, went away): torn down; exit
 
@@ -31,6 +33,7 @@ import traceback
 from dataclasses import asdict
 from pathlib import Path
 
+from fabric_emu.fabric.capture import Captures
 from fabric_emu.fabric.machines import MachineJob
 from fabric_emu.kernel import rps
 from fabric_emu.kernel.ovs_datapath import datapath_of
@@ -40,6 +43,7 @@ from fabric_emu.measure.fidelity import CpuMonitor
 from fabric_emu.ports import datapath, queues
 from fabric_emu.ports.model import port_plan_from_args, remote_peers, share_of
 from fabric_emu.ports.runtime import LosslessPorts
+from fabric_emu.spec.events import CaptureSpec
 from fabric_emu.state.cleanup import clean_record
 from fabric_emu.state.records import RunRecord
 from fabric_emu.topo.plan import FabricPlan
@@ -61,6 +65,7 @@ class MachineShare:
         self.lossless: LosslessPorts | None = None
         self.workdir: Path | None = None  # the share's folder (the machine's NIC engines write there too)
         self.cpu: CpuMonitor | None = None
+        self.captures: Captures | None = None
 
     def up(self) -> None:
         rec = self.record
@@ -140,11 +145,31 @@ class MachineShare:
             self.lossless.set_storm(args[0], args[1] == "on")
         return "OK"
 
+    def capture_start(self, spec_json: str) -> str:
+        spec = CaptureSpec.model_validate_json(spec_json)
+        mine = {e.intf for e in self.ports.ends if e.role == "switch"}
+        if not set(spec.ports) <= mine:
+            raise ValueError(f"CAPTURE_START: not ports of this machine: {', '.join(sorted(set(spec.ports) - mine))}")
+        self.captures = Captures(spec, self.workdir, self.record)
+        self.captures.start()
+        return "OK"
+
+    def capture_stop(self) -> list[str]:
+        """Stop the tcpdumps; their files, closed, in the share's folder (captures/)."""
+        if self.captures is None:
+            return []
+        folder = self.workdir / "captures"
+        folder.mkdir(exist_ok=True)
+        saved, self.captures = self.captures.stop(folder), None
+        return [str(folder / name) for name in saved]
+
     def down(self) -> dict:
         stats: dict = {}
         try:
             if self.cpu is not None:
                 self.cpu_stop()
+            if self.captures is not None:
+                self.capture_stop()
             if self.lossless is not None:
                 stats = self.lossless.stop()
         finally:
@@ -169,14 +194,14 @@ def serve(stdin=sys.stdin, stdout=sys.stdout) -> int:
         share.up()
         say(f"READY {share.workdir}")
         answers = {"COUNTERS": share.counters, "SNAPSHOT": share.snapshot, "THRESHOLDS": share.thresholds,
-                   "CPU_START": share.cpu_start, "CPU_STOP": share.cpu_stop}
+                   "CPU_START": share.cpu_start, "CPU_STOP": share.cpu_stop, "CAPTURE_STOP": share.capture_stop}
         for line in stdin:
-            command, *args = line.split() or [""]
-            if command in ("LINK", "RATE", "STORM"):
+            command, _, rest = line.strip().partition(" ")
+            if command in ("LINK", "RATE", "STORM", "CAPTURE_START"):
                 try:
-                    say(share.act(command, args))
+                    say(share.capture_start(rest) if command == "CAPTURE_START" else share.act(command, rest.split()))
                 except (OSError, ValueError, IndexError) as e:
-                    say(f"ERROR {e}")
+                    say(f"ERROR {str(e).splitlines()[0] if str(e) else type(e).__name__}")
             elif command in answers:
                 answer = answers[command]()
                 say(answer if isinstance(answer, str) else json.dumps(answer))

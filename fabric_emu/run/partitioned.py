@@ -8,13 +8,15 @@ head, which writes one results folder as a run on one machine does. The phases a
 results are Runner's; what differs is where things run.
 
 Scheduled events act on the machine of each port or NIC they touch (its agent's LINK, RATE and
-STORM), controller restarts on the head. Not across machines yet (refused before anything is
-built: fabric_emu.run.prepare): background traffic, captures, several jobs, the PFC watchdog
-and DLB; no live view or exporter.
+STORM), controller restarts on the head; captures run on the machine of each port, and their
+files come back to the results. Not across machines yet (refused before anything is built:
+fabric_emu.run.prepare): background traffic, several jobs, the PFC watchdog and DLB; no live
+view or exporter.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from functools import partial
@@ -106,6 +108,36 @@ class PartitionedRunner(Runner):
         self.times["bring_up"] = time.monotonic() - t
         self.say(f"fabric up and routed in {self.times['bring_up']:.1f}s")
         self.cluster.check_reachable(self.ranks)
+        if self.spec.capture is not None:
+            self._start_captures()
+
+    def _capture_machines(self) -> dict[str, list[str]]:
+        """The capture's ports, by the machine of their switch."""
+        by: dict[str, list[str]] = {}
+        owner = {p.intf: sw.name for sw in self.plan.switches for p in self.plan.ports(sw.name)}
+        for port in self.spec.capture.ports:
+            by.setdefault(self.cluster.placement.machine_of[owner[port]], []).append(port)
+        return by
+
+    def _start_captures(self) -> None:
+        for machine, ports in self._capture_machines().items():
+            spec = self.spec.capture.model_copy(update={"ports": ports})
+            self.cluster.agents.ask_one(machine, "CAPTURE_START " + spec.model_dump_json())
+
+    def _fetch_captures(self, run_dir: Path) -> None:
+        """Each machine's pcap files, into the results (written aside, then renamed)."""
+        for machine in self._capture_machines():
+            try:
+                files = json.loads(self.cluster.agents.ask_one(machine, "CAPTURE_STOP", expect="["))
+            except RuntimeError as e:
+                self.say(f"warning: no captures from {machine}: {e}")
+                continue
+            for path in files:
+                data = self.cluster.read_bytes(machine, Path(path))
+                if data is not None:
+                    tmp = run_dir / f".{Path(path).name}.tmp"
+                    tmp.write_bytes(data)
+                    tmp.rename(run_dir / Path(path).name)
 
     def _snapshot(self) -> tuple[list[counters.PortCounters], dict[str, dict[str, int]]]:
         """Every machine's switch port counters (in plan order) and port program counters."""
@@ -220,6 +252,8 @@ class PartitionedRunner(Runner):
         t = time.monotonic()
         try:
             if self.cluster is not None and self.cluster.agents is not None:
+                if self.spec.capture is not None:
+                    self._fetch_captures(run_dir)
                 self._fetch_logs(workdir)
             if self.cluster is not None:
                 stats = self.cluster.stop()

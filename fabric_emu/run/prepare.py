@@ -151,7 +151,7 @@ def check_paths(spec: ExperimentSpec, plan, path: str) -> None:
 
 # What a run over several machines does not do yet (issue 19): field -> why, when set
 NOT_ACROSS_MACHINES = {
-    "background": "background traffic", "capture": "captures",
+    "background": "background traffic",
     "workloads": "several jobs", "pfcwd": "the PFC watchdog", "load_balancing": "dlb (its flowlet stage "
     "runs beside the controller)",
 }
@@ -159,7 +159,7 @@ NOT_ACROSS_MACHINES = {
 
 def unsupported_across_machines(spec: ExperimentSpec) -> list[str]:
     """The fields of a spec with machines: that a run over several machines cannot do yet."""
-    used = {"background": bool(spec.background), "capture": spec.capture is not None,
+    used = {"background": bool(spec.background),
             "workloads": len(spec.workloads) > 1, "pfcwd": spec.pfcwd.enabled,
             "load_balancing": spec.load_balancing == "dlb"}
     return [field for field, on in used.items() if on]

@@ -30,9 +30,11 @@ def servers() -> Iterator[tuple[Server, Server]]:
         yield pair
 
 
-def run(out: Path, experiment: str, servers: tuple[Server, ...] | None) -> dict:
+def run(out: Path, experiment: str, servers: tuple[Server, ...] | None, *sets: str) -> dict:
     """fabric-emu run of a shipped experiment (over the servers when given); its summary.json."""
     cmd = [sys.executable, "-m", "fabric_emu", "run", str(REPO / "experiments" / f"{experiment}.yaml"), "--out", str(out)]
+    for s in sets:
+        cmd += ["--set", s]
     env = dict(os.environ)
     if servers:
         cmd += ["--set", "machines=[" + ", ".join(f"{{name: {s.name}, address: {s.address}, ssh_address: "
@@ -61,13 +63,18 @@ def test_the_quickstart_split_over_two_machines_matches_one_machine(servers, tmp
 
 
 def test_the_pfc_incast_split_over_two_machines_is_lossless_and_pauses_cross(servers, tmp_path: Path) -> None:
+    """Also captured, on a port of each machine: leaf1-eth1 (to the receiver h1, on s1) and
+    spine2-eth1 (to leaf1, on s2); their pcap files come back into the one results folder."""
     pcap = str(tmp_path / "underlay.pcap")
     tcpdump = capture(servers[0], "ul0", "udp port 4789", pcap)
     try:
-        s = run(tmp_path / "split", "incast", servers)
+        s = run(tmp_path / "split", "incast", servers, "capture={ports: [leaf1-eth1, spine2-eth1], packets: 50}")
     finally:
         tcpdump.terminate()
         tcpdump.wait(10)
+    (run_dir,) = (tmp_path / "split").glob("*/*/")
+    for port in ("leaf1-eth1", "spine2-eth1"):
+        assert count(str(run_dir / f"capture-{port}.pcap"), "infiniband") == 50, port  # RoCEv2, decoded
     pauses = count(pcap, "vxlan && eth.type == 0x8808")
     print(f"\nincast over 2 machines: {s['switch']['pause_tx']} pauses sent by switches, {pauses} PFC frames on "
           f"the underlay, {s['switch']['lossless_drops']} lossless drops, receiver link {s['receiver_link_fraction']:.3f}")
