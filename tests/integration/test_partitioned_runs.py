@@ -78,7 +78,13 @@ def test_the_pfc_incast_split_over_two_machines_is_lossless_and_pauses_cross(ser
     pauses = count(pcap, "vxlan && eth.type == 0x8808")
     print(f"\nincast over 2 machines: {s['switch']['pause_tx']} pauses sent by switches, {pauses} PFC frames on "
           f"the underlay, {s['switch']['lossless_drops']} lossless drops, receiver link {s['receiver_link_fraction']:.3f}")
-    assert s["status"] == "ok" and s["fidelity"]["trusted"], s["fidelity"]
+    assert s["status"] == "ok", s.get("error")
+    # As on one machine (test_lossless_fabric): a pause put into effect late under this kernel's
+    # load (issue 20, part 4) may keep frames past the headroom, and must then say so; that is
+    # the only thing allowed to cost the run its trust.
+    warnings = s["fidelity"]["warnings"]
+    late = [w for w in warnings if "beyond xoff + headroom" in w]
+    assert bool(late) == (s["switch"]["headroom_overruns"] > 0) and len(late) == len(warnings), warnings
     assert s["switch"]["lossless_drops"] == 0 and s["switch"]["drops"] == 0
     assert s["switch"]["pause_tx"] > 0 and pauses > 0
 
