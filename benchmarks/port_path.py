@@ -19,6 +19,7 @@ from /proc/stat (whole machine) and from ovs-vswitchd's own counters over the sa
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import socket
 import statistics
@@ -30,6 +31,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from pyroute2 import IPRoute, netns
+from pyroute2.netlink.exceptions import NetlinkError
 
 from fabric_emu.kernel import shaping
 from fabric_emu.ports import datapath, queues
@@ -85,13 +87,18 @@ class Bench:
 
     def down(self) -> None:
         subprocess.run(["ovs-vsctl", "--if-exists", "del-br", BRIDGE], capture_output=True)
+        # The switch ends go first: removing a namespace deletes their peers, and with them
+        # the switch ends, asynchronously (a lookup then a delete raced it in CI: ENODEV).
+        with IPRoute() as ipr:
+            for sif in self.switch_if:
+                try:
+                    ipr.link("del", ifname=sif)
+                except NetlinkError as err:
+                    if err.code != errno.ENODEV:
+                        raise
         for ns in self.hosts:
             if ns in netns.listnetns():
                 netns.remove(ns)
-        with IPRoute() as ipr:
-            for sif in self.switch_if:
-                if ipr.link_lookup(ifname=sif):
-                    ipr.link("del", ifname=sif)
         self._unload()
 
     def _unload(self) -> None:

@@ -12,6 +12,7 @@ HTB their agents put rate classes in (fabric_emu.ports.qp_limiter).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 import socket
 import subprocess
 from pathlib import Path
@@ -92,6 +93,20 @@ def switch_interfaces(plan: FabricPlan) -> list[str]:
         if ln.b in switches:
             names.append(ln.b_intf)
     return names
+
+
+def prepare_switch_port(ifname: str, cpu_mask: str) -> None:
+    """A switch port in the root namespace: no IPv6 chatter, and receive packet steering
+    (fabric_emu.kernel.rps: a flow must not be reordered by the emulator)."""
+    Path(f"/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6").write_text("1")
+    rps.steer(ifname, cpu_mask)
+
+
+def shape_ports(ports: PortPlan, mtu: int, netns_of: Callable[[str], str | None]) -> None:
+    """Every link end's traffic classes at its emulated rate; host NICs also get the
+    per-queue-pair classes their agents put rate classes in."""
+    queues.shape_all(queues.PortQueues(end.intf, end.emulated_bps, mtu, ports.settings(end).fifo_limits,
+                                       netns_of(end.node), qp_classes=end.role != "switch") for end in ports.ends)
 
 
 def conflicts(plan: FabricPlan) -> list[str]:
@@ -179,8 +194,7 @@ class Fabric:
         try:
             mtu = Batch()
             for ifname in switch_interfaces(self.plan):
-                Path(f"/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6").write_text("1")
-                rps.steer(ifname, mask)
+                prepare_switch_port(ifname, mask)
                 mtu.add(rtnl.RTM_NEWLINK, rtnl.CHANGE, rtnl.mtu_change(socket.if_nametoindex(ifname), self.plan.mtu),
                         f"{ifname}: MTU {self.plan.mtu} not set")
             mtu.send(sock)
@@ -198,9 +212,7 @@ class Fabric:
                 raise RuntimeError(f"preparing {h.name}'s interface failed: {out.splitlines()[0]}")
 
     def _shape_links(self) -> None:
-        queues.shape_all(queues.PortQueues(end.intf, end.emulated_bps, self.plan.mtu,
-                                           self.ports.settings(end).fifo_limits, self.netns_of(end.node),
-                                           qp_classes=end.role != "switch") for end in self.ports.ends)
+        shape_ports(self.ports, self.plan.mtu, self.netns_of)
 
     def netns_by_node(self) -> dict[str, str | None]:
         return {end.node: self.netns_of(end.node) for end in self.ports.ends}
@@ -244,20 +256,14 @@ class Fabric:
     def set_link(self, a: str, b: str, up: bool) -> None:
         """Take the link between switches a and b down (both ends, as a cut cable does), or
         bring it back. Open vSwitch tells the controller (port status), which reroutes."""
-        ends = [p.intf for p in self.plan.ports(a) if p.peer == b] + \
-               [p.intf for p in self.plan.ports(b) if p.peer == a]
-        if not ends:
-            raise RuntimeError(f"no link between {a} and {b} in plan {self.plan.name}")
+        ends = [p.intf for p in self.plan.link_ends(a, b)]
         with IPRoute() as ipr:
             for name in ends:
                 ipr.link("set", index=ipr.link_lookup(ifname=name)[0], state="up" if up else "down")
 
     def set_link_rate(self, a: str, b: str, gbps: float) -> None:
         """Change the modelled rate of the link between switches a and b, both ends, in place."""
-        ends = [p.intf for p in self.plan.ports(a) if p.peer == b] + \
-               [p.intf for p in self.plan.ports(b) if p.peer == a]
-        if not ends:
-            raise RuntimeError(f"no link between {a} and {b} in plan {self.plan.name}")
+        ends = [p.intf for p in self.plan.link_ends(a, b)]
         for name in ends:
             queues.set_link_rate(name, gbps * 1e9 / self.plan.dilation, self.plan.mtu)
 

@@ -187,9 +187,8 @@ class ClusterFabric:
         return done.stdout if done.returncode == 0 else None
 
     def read(self, machine: str, path: Path) -> str | None:
-        done = subprocess.run([*ssh(self.ssh_config), self._machine(machine).dest, f"cat {shlex.quote(str(path))}"],
-                              capture_output=True, text=True, timeout=60)
-        return done.stdout if done.returncode == 0 else None
+        data = self.read_bytes(machine, path)
+        return data.decode(errors="replace") if data is not None else None
 
     def _record(self, processes: list[tuple[int, str]]) -> None:
         if self.record is not None:

@@ -547,6 +547,35 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def merge_stats(parts: list[dict]) -> dict:
+    """The PFC daemons' stats of a fabric over several machines as one daemon's (issue 19): a
+    port's pause intervals are on its machine's monotonic clock (the same clock on one kernel;
+    on separate machines pauses.csv would need their offsets)."""
+    parts = [p for p in parts if p]
+    if len(parts) <= 1:
+        return parts[0] if parts else {}
+    worst = [p["worst_reaction"] for p in parts if p.get("worst_reaction")]
+
+    def most(key: str) -> dict:
+        out: dict = {}
+        for p in parts:
+            for k, v in (p.get(key) or {}).items():
+                out[k] = max(v, out.get(k, v))
+        return out
+
+    def union(key: str) -> dict | None:
+        found = [p[key] for p in parts if p.get(key) is not None]
+        return {k: v for d in found for k, v in d.items()} if found else None
+
+    return {"intervals": union("intervals") or {}, "reaction_s": [r for p in parts for r in p.get("reaction_s", [])],
+            "worst_reaction": max(worst, key=lambda w: w.get("total_s", 0.0)) if worst else {},
+            "stage_max": most("stage_max"), "longest_call_ms": most("longest_call_ms"),
+            **{k: sum(p.get(k, 0) for p in parts) for k in ("frames_sent", "frames_received", "events", "events_lost")},
+            "errors": [e for p in parts for e in p.get("errors", [])][:20],
+            "watchdog": None, "storms": [s for p in parts for s in p.get("storms", [])],
+            "storm_nic_drops": union("storm_nic_drops") or {}, "nic_receive": union("nic_receive")}
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m fabric_emu.ports.pfcd CONFIG.json", file=sys.stderr)
@@ -578,32 +607,3 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
-
-
-def merge_stats(parts: list[dict]) -> dict:
-    """The PFC daemons' stats of a fabric over several machines as one daemon's (issue 19): a
-    port's pause intervals are on its machine's monotonic clock (the same clock on one kernel;
-    on separate machines pauses.csv would need their offsets)."""
-    parts = [p for p in parts if p]
-    if len(parts) <= 1:
-        return parts[0] if parts else {}
-    worst = [p["worst_reaction"] for p in parts if p.get("worst_reaction")]
-
-    def most(key: str) -> dict:
-        out: dict = {}
-        for p in parts:
-            for k, v in (p.get(key) or {}).items():
-                out[k] = max(v, out.get(k, v))
-        return out
-
-    def union(key: str) -> dict | None:
-        found = [p[key] for p in parts if p.get(key) is not None]
-        return {k: v for d in found for k, v in d.items()} if found else None
-
-    return {"intervals": union("intervals") or {}, "reaction_s": [r for p in parts for r in p.get("reaction_s", [])],
-            "worst_reaction": max(worst, key=lambda w: w.get("total_s", 0.0)) if worst else {},
-            "stage_max": most("stage_max"), "longest_call_ms": most("longest_call_ms"),
-            **{k: sum(p.get(k, 0) for p in parts) for k in ("frames_sent", "frames_received", "events", "events_lost")},
-            "errors": [e for p in parts for e in p.get("errors", [])][:20],
-            "watchdog": None, "storms": [s for p in parts for s in p.get("storms", [])],
-            "storm_nic_drops": union("storm_nic_drops") or {}, "nic_receive": union("nic_receive")}

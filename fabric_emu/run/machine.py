@@ -33,6 +33,7 @@ import traceback
 from dataclasses import asdict
 from pathlib import Path
 
+from fabric_emu.fabric.build import prepare_switch_port, shape_ports
 from fabric_emu.fabric.capture import Captures
 from fabric_emu.fabric.machines import MachineJob
 from fabric_emu.kernel import rps
@@ -71,24 +72,16 @@ class MachineShare:
         rec = self.record
         rec.interfaces = [e.intf for e in self.ports.ends if e.role == "switch"] + [s.vxlan for s in self.job.stitches]
         self.workdir = workdir = rec.new_workdir(prefix=f"fabric-emu-{self.job.machine}-")  # saves the record first
-        self._prepare_switch_ports()
-        queues.shape_all(queues.PortQueues(e.intf, e.emulated_bps, self.plan.mtu, self.ports.settings(e).fifo_limits,
-                                           self.netns_of[e.node], qp_classes=e.role != "switch")
-                         for e in self.ports.ends)
+        mask = rps.all_cpus_mask()
+        for e in self.ports.ends:
+            if e.role == "switch":
+                prepare_switch_port(e.intf, mask)  # as Fabric does
+        shape_ports(self.ports, self.plan.mtu, self.netns_of.__getitem__)
         self.lossless = LosslessPorts(self.ports, rec, workdir, remote_peers=self.far_peers)
         self.lossless.launch(self.netns_of)
         self.lossless.start()
         for s in self.job.stitches:
             datapath.attach_stitch(self.lossless.pins, s.stitch, s.vxlan)
-
-    def _prepare_switch_ports(self) -> None:
-        """As Fabric._prepare_interfaces does for the switch ports: no IPv6 chatter, receive
-        packet steering (a flow must not be reordered by the emulator)."""
-        mask = rps.all_cpus_mask()
-        for e in self.ports.ends:
-            if e.role == "switch":
-                Path(f"/proc/sys/net/ipv6/conf/{e.intf}/disable_ipv6").write_text("1")
-                rps.steer(e.intf, mask)
 
     def counters(self) -> dict:
         return self.lossless.counters() if self.lossless is not None else {}

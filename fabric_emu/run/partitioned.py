@@ -149,11 +149,7 @@ class PartitionedRunner(Runner):
 
     # -- a scheduled event's part on the machine of each port or NIC it touches --
     def _ends(self, a: str, b: str) -> list[tuple[str, str]]:
-        ends = [(a, p.intf) for p in self.plan.ports(a) if p.peer == b] + \
-               [(b, p.intf) for p in self.plan.ports(b) if p.peer == a]
-        if not ends:
-            raise ValueError(f"no link between {a} and {b}")
-        return [(self.cluster.placement.machine_of[node], intf) for node, intf in ends]
+        return [(self.cluster.placement.machine_of[p.node], p.intf) for p in self.plan.link_ends(a, b)]
 
     def _set_link(self, a: str, b: str, up: bool) -> None:
         for machine, intf in self._ends(a, b):  # both ends, as a cut cable

@@ -166,6 +166,13 @@ class FabricPlan:
     def roce_mtu(self) -> int:
         return roce_path_mtu(self.mtu)
 
+    def link_ends(self, a: str, b: str) -> list[Port]:
+        """Both ends of the links between nodes a and b (a's first); raises if there are none."""
+        ends = [p for p in self.ports(a) if p.peer == b] + [p for p in self.ports(b) if p.peer == a]
+        if not ends:
+            raise RuntimeError(f"no link between {a} and {b} in plan {self.name}")
+        return ends
+
     def ports(self, node: str) -> list[Port]:
         """Every port of a node, in port-number order."""
         out = []

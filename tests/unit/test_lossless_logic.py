@@ -299,3 +299,20 @@ def test_a_pause_from_another_machine_pauses_its_peer_here(tmp_path: Path) -> No
                  remote_peers={40: 7})
     (tmp_path / "c.json").write_text(cfg.dump())
     assert Config.load(str(tmp_path / "c.json")).remote_peers == {40: 7}
+
+
+def test_the_daemons_of_several_machines_report_as_one() -> None:
+    """Each machine's PFC daemon logs its own ports (issue 19): the run reports them as one."""
+    from fabric_emu.ports.pfcd import merge_stats
+
+    s1 = {"intervals": {"leaf1-eth5": [[0.1, 0.2]]}, "reaction_s": [0.001], "worst_reaction": {"total_s": 0.001},
+          "stage_max": {"gate": 0.0002}, "longest_call_ms": {"frame": 0.1}, "frames_sent": 3, "frames_received": 1,
+          "events": 10, "events_lost": 0, "errors": [], "watchdog": None, "storms": [], "storm_nic_drops": {},
+          "nic_receive": None}
+    s2 = {**s1, "intervals": {"spine2-eth1": [[0.3, 0.4]]}, "reaction_s": [0.004], "worst_reaction": {"total_s": 0.004},
+          "stage_max": {"gate": 0.0001}, "frames_sent": 5, "errors": ["x"]}
+    m = merge_stats([s1, {}, s2])
+    assert m["intervals"] == {"leaf1-eth5": [[0.1, 0.2]], "spine2-eth1": [[0.3, 0.4]]}
+    assert sorted(m["reaction_s"]) == [0.001, 0.004] and m["worst_reaction"] == {"total_s": 0.004}
+    assert m["stage_max"] == {"gate": 0.0002} and m["frames_sent"] == 8 and m["errors"] == ["x"]
+    assert merge_stats([{}, s1]) is s1 and merge_stats([]) == {}
