@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from fabric_emu.measure import sampling
-from tests.integration.fabric_checks import REPO, fabric_emu, only_run_dir, our_processes, read_json
+from fabric_emu.state.records import all_records
+from tests.integration.fabric_checks import REPO, fabric_emu, only_run_dir, read_json
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -183,6 +184,15 @@ def test_a_link_cut_after_the_restart_is_rerouted(rerouted):
 
 
 # --------------------------------------------------------------------------- a crash nobody planned
+def running_controller() -> int:
+    """The pid of the running run's controller, from that run's own record: the run lock allows
+    one run at a time, so one record has a live owner. (Not by pattern among all processes: a
+    controller some other, dead, run left would be taken for it.)"""
+    [pid] = [p.pid for rec in all_records() if rec.owner_alive()
+             for p in rec.processes if p.role == "controller" and p.alive()]
+    return pid
+
+
 class Crasher(Sampler):
     """Also SIGKILLs the run's controller once leaf1's routes have carried RoCE traffic."""
 
@@ -196,7 +206,7 @@ class Crasher(Sampler):
             flows = subprocess.run([*OFCTL, "dump-flows", self.bridge], capture_output=True, text=True).stdout
             routed = sum(n for k, (_, n) in parse_flows(flows).items() if k.startswith("table=1"))
             if self.killed_at is None and routed > self.after_packets:
-                [pid] = [int(p.split(":")[0]) for p in our_processes() if " -m controller " in p]
+                pid = running_controller()
                 os.kill(pid, signal.SIGKILL)
                 self.killed_at, self.killed_pid = time.time(), pid
 
