@@ -170,13 +170,15 @@ class ClusterFabric:
 
     def start_engine(self, machine: str, config_path: Path, config_json: str, log) -> subprocess.Popen:
         """A NIC engine on that machine over ssh (its config written there first): it stops when
-        told, or when this ssh ends (its stdin closes)."""
+        told, or when this ssh ends (its session ends, and the kernel signals the engine)."""
         m, repo = self._machine(machine), Path(__file__).resolve().parents[2]
         ssh_to = [*ssh(self.ssh_config), m.dest]
         subprocess.run(ssh_to + [f"cat > {shlex.quote(str(config_path))}"], input=config_json, text=True,
                        check=True, timeout=60)
-        remote = (f"cd {shlex.quote(str(repo))} && exec {shlex.quote(sys.executable)} -m fabric_emu.nic "
-                  f"{shlex.quote(str(config_path))}")
+        # it ends with its ssh session too (fabric_emu.nic.main.end_with_parent; the name is
+        # spelled here because fabric and nic are sibling layers): mid-run it reads no stdin
+        remote = (f"cd {shlex.quote(str(repo))} && exec env FABRIC_EMU_END_WITH_PARENT=1 {shlex.quote(sys.executable)} "
+                  f"-m fabric_emu.nic {shlex.quote(str(config_path))}")
         return subprocess.Popen(ssh_to + [remote], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                                 text=True, bufsize=1)
 

@@ -11,6 +11,7 @@ exit 1. A bad config exits 2 before anything is opened.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import select
@@ -59,6 +60,24 @@ class StopFlag:
         return self.signal is not None
 
 
+PR_SET_PDEATHSIG = 1  # prctl(2)
+END_WITH_PARENT_ENV = "FABRIC_EMU_END_WITH_PARENT"  # set by engines started over ssh (issue 19)
+
+
+def end_with_parent() -> None:
+    """Have the kernel send SIGTERM (the StopFlag: partial stats, then exit) when our parent
+    ends. Over ssh the parent is the engine's ssh session, which ends with the head's ssh
+    client: without this, an engine mid-run reads no stdin and ran on to its own end (11.6 s
+    after a run that a dead machine agent had ended). Only there: locally the parent's thread
+    that started us may end first, and PDEATHSIG follows threads."""
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    if os.getppid() != parent:  # it ended before we asked
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m fabric_emu.nic ENGINE.json", file=sys.stderr)
@@ -69,6 +88,8 @@ def main(argv: list[str]) -> int:
         print(f"error: {argv[0]}: {e}", file=sys.stderr)
         return 2
     stop = StopFlag()
+    if os.environ.get(END_WITH_PARENT_ENV) == "1":
+        end_with_parent()
     hosts: list[Host] = []
     udp_before: dict[str, dict[str, int]] = {}
     go = cpu_at_go = engine = publisher = None
