@@ -383,9 +383,9 @@ def lb(mode: Annotated[Optional[str], typer.Argument(help="ecmp, spray or dlb; l
 
 def _live_run(command: str, run_id: str | None, has: Callable[[object], bool]):
     """The one running fabric whose record has what `command` needs (or --run ID); exit 2 if none."""
-    from fabric_emu.state.records import all_records
+    from fabric_emu.state.records import live_records
 
-    live = [r for r in all_records() if r.owner_alive() and has(r) and (run_id is None or r.run_id == run_id)]
+    live = [r for r in live_records() if has(r) and (run_id is None or r.run_id == run_id)]
     if len(live) == 1:
         return live[0]
     which = f"run {run_id}" if run_id else "fabric"

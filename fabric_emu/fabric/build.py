@@ -12,9 +12,9 @@ HTB their agents put rate classes in (fabric_emu.ports.qp_limiter).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 import socket
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from fabric_emu.kernel import mininet_compat

@@ -125,6 +125,11 @@ def all_records() -> list[RunRecord]:
     return out
 
 
+def live_records() -> list[RunRecord]:
+    """The records of runs still running (their owner alive): one at most, by the run lock."""
+    return [r for r in all_records() if r.owner_alive()]
+
+
 class RunLock:
     """One fabric at a time: Mininet node names and OVS bridges are machine-wide."""
 

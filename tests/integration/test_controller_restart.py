@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from fabric_emu.measure import sampling
-from fabric_emu.state.records import all_records
+from fabric_emu.state.records import live_records
 from tests.integration.fabric_checks import REPO, fabric_emu, only_run_dir, read_json
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -188,8 +188,7 @@ def running_controller() -> int:
     """The pid of the running run's controller, from that run's own record: the run lock allows
     one run at a time, so one record has a live owner. (Not by pattern among all processes: a
     controller some other, dead, run left would be taken for it.)"""
-    [pid] = [p.pid for rec in all_records() if rec.owner_alive()
-             for p in rec.processes if p.role == "controller" and p.alive()]
+    [pid] = [p.pid for rec in live_records() for p in rec.processes if p.role == "controller" and p.alive()]
     return pid
 
 

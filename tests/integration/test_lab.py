@@ -17,7 +17,7 @@ import pytest
 from fabric_emu.run.prepare import load_checked
 from fabric_emu.kernel import rps
 from fabric_emu.ports.datapath import PortMaps
-from fabric_emu.state.records import RUNS_DIR, RunRecord, all_records
+from fabric_emu.state.records import RUNS_DIR, RunRecord, live_records
 from tests.integration.fabric_checks import REPO, fabric_emu, leftovers, our_bridges, read_json
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -127,7 +127,7 @@ def test_the_pfc_daemon_follows_port_state_it_heard_no_event_about(plan, tmp_pat
     the xoff_state the port programs keep. Here the state changes with no event at all."""
     lab = start_lab(tmp_path / "out")
     try:
-        (rec,) = [r for r in all_records() if r.owner_alive() and r.controller_url]
+        (rec,) = [r for r in live_records() if r.controller_url]
         cfg = json.loads((Path(rec.paths[0]) / "pfcd.config.json").read_text())
         ids = {p["intf"]: p["id"] for p in cfg["ports"]}
         leaf, host = ids["leaf1-eth2"], ids["h2-eth0"]  # leaf1's port to h2, and h2's NIC

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from fabric_emu.fabric.events import RestError, rest_call
-from fabric_emu.state.records import all_records
+from fabric_emu.state.records import live_records
 from tests.integration.fabric_checks import REPO, fabric_emu, only_run_dir, read_csv, read_json
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -63,7 +63,7 @@ def test_a_scheduled_switch_from_ecmp_to_spray_moves_the_traffic(tmp_path):
 def _live_record(timeout_s: float = 60.0):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        live = [rec for rec in all_records() if rec.owner_alive() and rec.controller_url]
+        live = [rec for rec in live_records() if rec.controller_url]
         if live:
             return live[0]
         time.sleep(0.2)

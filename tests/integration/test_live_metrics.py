@@ -19,7 +19,7 @@ import urllib.request
 
 import pytest
 
-from fabric_emu.state.records import all_records
+from fabric_emu.state.records import live_records
 from tests.integration.fabric_checks import REPO, only_run_dir, read_csv, read_json
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -100,7 +100,7 @@ def test_prometheus_and_top_agree_with_ports_csv(tmp_path):
         deadline = time.monotonic() + 120
         rec = None
         while rec is None and time.monotonic() < deadline and run.poll() is None:
-            rec = next((r for r in all_records() if r.owner_alive() and r.live_path and r.metrics_url), None)
+            rec = next((r for r in live_records() if r.live_path and r.metrics_url), None)
             time.sleep(0.2)
         assert rec is not None, (tmp_path / "run.log").read_text()
         assert rec.metrics_url == f"http://127.0.0.1:{metrics_port}/metrics"
