@@ -102,6 +102,17 @@ def prepare_switch_port(ifname: str, cpu_mask: str) -> None:
     rps.steer(ifname, cpu_mask)
 
 
+def prepare_host_interface_command(intf: str, mtu: int, cpu_mask: str) -> str:
+    """The shell command, run in a host's network namespace, that prepares its interface: no
+    IPv6 chatter, the fabric's MTU, no TX checksum offload (the userspace datapath forwards
+    partially checksummed packets unfixed) and receive packet steering (fabric_emu.kernel.rps:
+    a flow must not be reordered by the emulator). Silent when it works. /proc/sys/net shows
+    the namespace of whoever opens it: the shell's own."""
+    return ("for c in all default; do echo 1 > /proc/sys/net/ipv6/conf/$c/disable_ipv6; done;"
+            f" ip link set dev {intf} mtu {mtu}; ethtool -K {intf} tx off >/dev/null;"
+            f" {rps.host_shell_command(intf, cpu_mask)}")
+
+
 def shape_ports(ports: PortPlan, mtu: int, netns_of: Callable[[str], str | None]) -> None:
     """Every link end's traffic classes at its emulated rate; host NICs also get the
     per-queue-pair classes their agents put rate classes in."""
@@ -186,9 +197,8 @@ class Fabric:
             subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True)
 
     def _prepare_interfaces(self) -> None:
-        """MTU on every link end, no IPv6 chatter, no TX checksum offload on hosts (the
-        userspace datapath forwards partially checksummed packets unfixed), and receive packet
-        steering everywhere (fabric_emu.kernel.rps: a flow must not be reordered by the emulator)."""
+        """MTU on every link end, no IPv6 chatter, and receive packet steering everywhere
+        (prepare_switch_port, prepare_host_interface_command)."""
         mask = rps.all_cpus_mask()
         sock = rtnl.netlink_socket()
         try:
@@ -201,11 +211,7 @@ class Fabric:
         finally:
             sock.close()
         for h in self.net.hosts:  # all hosts at once: each shell runs its own command
-            intf = self.plan.host_by_name[h.name].intf
-            # /proc/sys/net shows the namespace of whoever opens it: the host shell's own
-            h.sendCmd("for c in all default; do echo 1 > /proc/sys/net/ipv6/conf/$c/disable_ipv6; done;"
-                      f" ip link set dev {intf} mtu {self.plan.mtu}; ethtool -K {intf} tx off >/dev/null;"
-                      f" {rps.host_shell_command(intf, mask)}")
+            h.sendCmd(prepare_host_interface_command(self.plan.host_by_name[h.name].intf, self.plan.mtu, mask))
         for h in self.net.hosts:  # each command is silent when it works
             out = h.waitOutput().strip()
             if out:

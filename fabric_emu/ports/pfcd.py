@@ -149,11 +149,12 @@ def _socket_in(netns: str | None, bypass: bool) -> socket.socket:
 @dataclass(frozen=True)
 class PauseFrame:
     """A pause frame as the daemon met it: the port that sent it, when the upstream port's
-    program saw it (bpf_ktime_get_ns) and when the daemon handled that event (monotonic ns)."""
+    program saw it (bpf_ktime_get_ns) and when the daemon handled that event (monotonic ns);
+    None for both when it took effect as it was sent (both ends here, see Daemon._send)."""
 
     sender: int
-    seen_ns: int
-    handled_ns: int
+    seen_ns: int | None = None
+    handled_ns: int | None = None
 
 
 class Daemon:
@@ -188,6 +189,7 @@ class Daemon:
         self.frames_sent = self.frames_received = self.events = 0
         self.next_reconcile = 0.0
         self.errors: list[str] = []
+        self.outbox: list[tuple[int, int]] = []  # (port, quanta): frames to send this round
         # PFC storms: host port -> the pauses it sends while its NIC storms; their log
         self.storms: dict[int, PauseSender] = {}
         self.storm_log: list[dict] = []
@@ -218,6 +220,7 @@ class Daemon:
             start = time.monotonic_ns()
             self._drain(time.monotonic())
             deadline = self._timers(time.monotonic())
+            self._flush()  # the frames, once this round's gates are set
             timeout = IDLE_POLL_S if deadline is None else max(0.0, min(IDLE_POLL_S, deadline - time.monotonic()))
             self._took("loop", start)  # its own work between two waits: events wait this long at most
             for fd, _ in poller.poll(timeout):
@@ -226,6 +229,7 @@ class Daemon:
                     if self.watchdog is not None and signal.SIGUSR2 in signals:
                         self.watchdog.anchor(time.monotonic())
                     self._storms(time.monotonic())
+                    self._flush()
         poller.close()
 
     def _drain(self, now: float) -> None:
@@ -255,10 +259,16 @@ class Daemon:
             self.maps.table.add(receiver, "pause_rx", 1, LOSSLESS)
             if self.watchdog is not None:
                 self.watchdog.on_pause_frame(receiver, now)
-            if receiver in self.mitigated and self.mitigated[receiver] != "alert":
-                return  # counted, not honoured: the watchdog holds this queue
-            action = self.receivers[receiver].on_frame(now, self._pause_s(self.ports[receiver], ev.quanta))
-            self._gate(receiver, action, PauseFrame(ev.port, ev.time_ns, time.monotonic_ns()))
+            if ev.port in self.senders:
+                return  # a switch port's frame to a port here: honoured as it was sent (_send)
+            self._honour(receiver, ev.quanta, now, PauseFrame(ev.port, ev.time_ns, time.monotonic_ns()))
+
+    def _honour(self, receiver: int, quanta: int, now: float, frame: PauseFrame | None = None) -> None:
+        """A pause frame for port `receiver` takes effect: its gate closes for the quanta (or opens)."""
+        if receiver in self.mitigated and self.mitigated[receiver] != "alert":
+            return  # counted, not honoured: the watchdog holds this queue
+        action = self.receivers[receiver].on_frame(now, self._pause_s(self.ports[receiver], quanta))
+        self._gate(receiver, action, frame)
 
     def _reconcile(self, now: float) -> None:
         """Bring every sender in line with its port's xoff_state (events lost on the way)."""
@@ -398,17 +408,34 @@ class Daemon:
 
     # ------------------------------------------------------------------ actions
     def _send(self, port_id: int, quanta_list: list[int]) -> None:
-        port = self.ports[port_id]
+        """Queue pause frames out of a port, sent once the round's gates are set (_flush): a send
+        also runs the receive work pending on its CPU (softirqs, 2 ms and more measured), and
+        gates waited behind it. A switch port's frame to a port on this machine also takes
+        effect here and now, as its upstream's MAC would on receipt: the frame still crosses
+        (counted and captured there), but the gate no longer waits for it."""
+        peer = paused_by(self.ports, {}, port_id) if port_id in self.senders else NO_PORT
         for quanta in quanta_list:
+            if peer != NO_PORT:
+                self._honour(peer, quanta, time.monotonic(), PauseFrame(port_id))
+            self.outbox.append((port_id, quanta))
+            if quanta == 0:
+                self.crossed_at.pop(port_id, None)
+
+    def _flush(self) -> None:
+        for port_id, quanta in self.outbox:
+            port = self.ports[port_id]
             start = time.monotonic_ns()
-            self._tx_socket(port).sendto(pfc_frame(tag_mac(port_id), quanta, LOSSLESS), (port.intf, 0))
+            try:
+                self._tx_socket(port).sendto(pfc_frame(tag_mac(port_id), quanta, LOSSLESS), (port.intf, 0))
+            except OSError as e:  # a port vanishing during teardown, say
+                self.errors.append(f"frame out of {port.intf}: {e}")
+                continue
             self._took("frame", start)
             self.frames_sent += 1
             if port_id in self.storm_now:
                 self.storm_now[port_id]["frames"] += 1
             self.maps.table.add(port_id, "pause_tx", 1, LOSSLESS)
-            if quanta == 0:
-                self.crossed_at.pop(port_id, None)
+        self.outbox.clear()
 
     def _took(self, what: str, start_ns: int) -> int:
         now_ns = time.monotonic_ns()
@@ -493,11 +520,14 @@ class Daemon:
                 "storms": self.storm_log, "storm_nic_drops": storm_drops, "nic_receive": nic_rx}
 
 
-def split_reaction(crossed: tuple[int, int], frame_seen: tuple[int, int], closed_ns: int) -> dict[str, float]:
+def split_reaction(crossed: tuple[int, int], frame_seen: tuple[int | None, int | None], closed_ns: int) -> dict[str, float]:
     """Where one pause's reaction went: (kernel crossing, daemon handled it), (pause frame seen
-    by the upstream port's program, daemon handled that), gate closed; nanosecond stamps of
-    CLOCK_MONOTONIC, which bpf_ktime_get_ns also reads."""
+    by the upstream port's program, daemon handled that; None, None when the gate did not wait
+    for the frame), gate closed; nanosecond stamps of CLOCK_MONOTONIC, which
+    bpf_ktime_get_ns also reads."""
     (crossed_ns, xoff_ns), (rx_ns, rx_handled_ns) = crossed, frame_seen
+    if rx_ns is None or rx_handled_ns is None:
+        rx_ns = rx_handled_ns = xoff_ns
     return {"total_s": (closed_ns - crossed_ns) / 1e9,
             "to_daemon_s": (xoff_ns - crossed_ns) / 1e9,  # ring buffer + wake-up
             "frame_s": (rx_ns - xoff_ns) / 1e9,  # frame built, sent, across the veth

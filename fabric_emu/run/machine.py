@@ -28,12 +28,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import traceback
 from dataclasses import asdict
 from pathlib import Path
 
-from fabric_emu.fabric.build import prepare_switch_port, shape_ports
+from fabric_emu.fabric.build import prepare_host_interface_command, prepare_switch_port, shape_ports
 from fabric_emu.fabric.capture import Captures
 from fabric_emu.fabric.machines import MachineJob
 from fabric_emu.kernel import rps
@@ -73,9 +74,16 @@ class MachineShare:
         rec.interfaces = [e.intf for e in self.ports.ends if e.role == "switch"] + [s.vxlan for s in self.job.stitches]
         self.workdir = workdir = rec.new_workdir(prefix=f"fabric-emu-{self.job.machine}-")  # saves the record first
         mask = rps.all_cpus_mask()
-        for e in self.ports.ends:
+        for e in self.ports.ends:  # as Fabric does
             if e.role == "switch":
-                prepare_switch_port(e.intf, mask)  # as Fabric does
+                prepare_switch_port(e.intf, mask)
+            else:  # a host here (Cluster Edition made it, and set only its MTU)
+                done = subprocess.run(["nsenter", f"--net={self.netns_of[e.node]}", "sh", "-c",
+                                       prepare_host_interface_command(e.intf, self.plan.mtu, mask)],
+                                      capture_output=True, text=True, timeout=30)
+                if done.returncode or done.stdout.strip() or done.stderr.strip():
+                    why = (done.stderr or done.stdout).strip().splitlines()[:1] or [f"exit {done.returncode}"]
+                    raise RuntimeError(f"preparing {e.node}'s interface failed: {why[0]}")
         shape_ports(self.ports, self.plan.mtu, self.netns_of.__getitem__)
         self.lossless = LosslessPorts(self.ports, rec, workdir, remote_peers=self.far_peers)
         self.lossless.launch(self.netns_of)

@@ -51,6 +51,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from fabric_emu.kernel import rps
+
 OVS_CTL = "/usr/share/openvswitch/scripts/ovs-ctl"
 STATE_DIR = Path("/var/lib/fabric-emu")
 SSHD = "/usr/sbin/sshd"
@@ -335,6 +337,10 @@ class _Harness:
         for n, pid in ((1, p1), (2, p2)):
             _in(pid, ["ip", "addr", "add", f"{underlay_address(n)}/24", "dev", UNDERLAY_IF], "-n")
             _in(pid, ["ip", "link", "set", UNDERLAY_IF, "mtu", str(self.underlay_mtu), "up"], "-n")
+            # As a NIC's receive-side scaling keeps a flow on one queue: a veth hands each frame to
+            # the backlog of the CPU that sent it, and two backlogs can reorder a flow (kernel/rps.py)
+            _in(pid, ["sh", "-c", f"for q in /sys/class/net/{UNDERLAY_IF}/queues/rx-*; do "
+                      f"echo {rps.all_cpus_mask()} > $q/rps_cpus; done"], "-n", "-m")
 
     def _mgmt(self, n: int) -> None:
         """<tag>mN in the root namespace to mgmt0 in server n, a /30 between them."""

@@ -246,6 +246,16 @@ def test_the_slowest_pause_is_split_into_its_stages() -> None:
                                                       "frame_to_daemon": 1.0, "gate": 7.0}
 
 
+def test_a_pause_honoured_as_its_frame_is_sent_has_no_frame_stages() -> None:
+    """Both ends on this machine: the gate closes as the frame leaves, not when it is seen."""
+    from fabric_emu.ports.pfcd import split_reaction
+
+    ms = 1_000_000
+    split = split_reaction((0, 2 * ms), (None, None), 3 * ms)
+    assert split == {"total_s": 0.003, "to_daemon_s": 0.002, "frame_s": 0.0,
+                     "frame_to_daemon_s": 0.0, "gate_s": 0.001}
+
+
 def test_each_stage_keeps_its_longest_over_every_pause() -> None:
     from fabric_emu.ports.pfcd import max_by_stage, split_reaction
     from fabric_emu.results.switch import reaction_summary
