@@ -30,12 +30,14 @@ Protocol: prints READY once its sockets are open; SIGTERM or SIGINT ends it (exi
 
 from __future__ import annotations
 
+import fcntl
 import gc
 import json
 import os
 import select
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
@@ -53,6 +55,7 @@ from fabric_emu.ports.layout import EV_NIC_XOFF, EV_PFC_RX, EV_XOFF, EV_XON, NO_
 from fabric_emu.ports.watchdog import PortWatchdogs, clear_status
 from fabric_emu.kernel.shaping import IPRoutePool, link_index
 
+SIOCGIFFLAGS, IFF_UP, IFF_RUNNING = 0x8913, 0x1, 0x40
 SOL_PACKET = 263
 PACKET_QDISC_BYPASS = 20
 LOSSLESS = queues.LOSSLESS
@@ -414,12 +417,24 @@ class Daemon:
         effect here and now, as its upstream's MAC would on receipt: the frame still crosses
         (counted and captured there), but the gate no longer waits for it."""
         peer = paused_by(self.ports, {}, port_id) if port_id in self.senders else NO_PORT
+        if peer != NO_PORT and quanta_list and not self._carrier(self.ports[port_id]):
+            peer = NO_PORT  # a link taken down loses its frames: the peer's pause runs out
         for quanta in quanta_list:
             if peer != NO_PORT:
                 self._honour(peer, quanta, time.monotonic(), PauseFrame(port_id))
             self.outbox.append((port_id, quanta))
             if quanta == 0:
                 self.crossed_at.pop(port_id, None)
+
+    def _carrier(self, port: DaemonPort) -> bool:
+        """Whether a frame out of this switch port reaches its peer: the port up, with carrier
+        (a link event takes both ends down). One ioctl, no netlink round trip."""
+        try:
+            ifreq = fcntl.ioctl(self.tx.fileno(), SIOCGIFFLAGS, struct.pack("16sH22x", port.intf.encode(), 0))
+        except OSError:  # the port is gone
+            return False
+        flags = struct.unpack_from("H", ifreq, 16)[0]
+        return bool(flags & IFF_UP and flags & IFF_RUNNING)
 
     def _flush(self) -> None:
         for port_id, quanta in self.outbox:

@@ -90,6 +90,9 @@ class MachineShare:
         self.lossless.start()
         for s in self.job.stitches:
             datapath.attach_stitch(self.lossless.pins, s.stitch, s.vxlan)
+            # The stitch end receives its switch port's egress, whose qdisc both CPUs may run:
+            # steered like every other link end, or two backlogs can reorder a flow (kernel/rps.py)
+            rps.steer(s.stitch, mask)
 
     def counters(self) -> dict:
         return self.lossless.counters() if self.lossless is not None else {}

@@ -98,8 +98,7 @@ def test_a_scripted_session_pings_runs_turns_knobs_fails_a_link_and_quits(plan, 
         lab.close()
         assert lab.exitstatus == 0
     finally:
-        if lab.isalive():
-            lab.kill(signal.SIGKILL)
+        end_if_alive(lab)
     assert leftovers(plan) == []
     runs = sorted((tmp_path / "out" / "quickstart").iterdir())
     assert len(runs) == 2
@@ -110,6 +109,14 @@ def test_a_scripted_session_pings_runs_turns_knobs_fails_a_link_and_quits(plan, 
     saved = tmp_path / "out" / "lab" / "class1"
     assert (saved / "02-spray" / "summary.json").is_file()
     assert "lb spray" in (saved / "commands.lab").read_text()
+
+
+def end_if_alive(lab: pexpect.spawn) -> None:
+    """A lab still running once its test is over (the test failed): ended (SIGHUP, then SIGKILL
+    if it must), and anything it left cleaned away, so the tests after it start clean."""
+    if lab.isalive():
+        lab.close(force=True)
+        fabric_emu("clean")
 
 
 def wait_for(what: Callable[[], bool], timeout_s: float = 2.0) -> bool:
@@ -137,7 +144,8 @@ def test_the_pfc_daemon_follows_port_state_it_heard_no_event_about(plan, tmp_pat
             sent = t.get(leaf, "pause_tx", 3)
             t.set(leaf, "xoff_state", 1)  # above xoff, but the XOFF event was lost
             assert wait_for(lambda: t.get(host, "paused_since", 3) != 0), "h2 was never paused"
-            assert t.get(leaf, "pause_tx", 3) > sent  # by a real PFC frame from leaf1
+            # by a real PFC frame from leaf1 (h2's gate closes as it is sent, the count follows)
+            assert wait_for(lambda: t.get(leaf, "pause_tx", 3) > sent), "leaf1 sent no pause frame"
             time.sleep(0.3)
             assert t.get(host, "paused_since", 3) != 0  # the pause is refreshed while it lasts
             t.set(leaf, "xoff_state", 0)  # below xon, and the XON event was lost
@@ -155,8 +163,7 @@ def test_the_pfc_daemon_follows_port_state_it_heard_no_event_about(plan, tmp_pat
         lab.sendline("quit")
         lab.expect(pexpect.EOF, timeout=60)
     finally:
-        if lab.isalive():
-            lab.kill(signal.SIGKILL)
+        end_if_alive(lab)
     assert leftovers(plan) == []
 
 
@@ -173,8 +180,7 @@ def test_every_way_out_tears_the_fabric_down(plan, tmp_path, leave):
         lab.expect(pexpect.EOF, timeout=60)
         lab.close()
     finally:
-        if lab.isalive():
-            lab.kill(signal.SIGKILL)
+        end_if_alive(lab)
     assert leftovers(plan) == []
 
 
