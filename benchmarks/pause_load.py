@@ -8,8 +8,10 @@ pause of each run (summary.json pfc_reaction.max_s: the kernel's xoff crossing t
 gate closed) as max and median over the runs, how many runs had their slowest pause within
 1 ms, the runs whose slowest pause exceeded the time the headroom buys (headroom bytes at the
 link rate, times the dilation) and the frames that came in past the headroom (switch
-headroom_overruns, measured by the port programs); and the stage that held the slowest pause
-of all (pfc_reaction.slowest_ms). Then, without the busy loops, versus.py's quickstart CPU per
+headroom_overruns, measured by the port programs); the stage that held the slowest pause
+of all (pfc_reaction.slowest_ms); and how often the machine let the PFC daemon wake more than
+1 ms late for its own timers (pfc_reaction.late_wake, where the revision records it), which
+tells a slow pause that the machine held back from one the daemon made slow. Then, without the busy loops, versus.py's quickstart CPU per
 packet for both sides (`--quickstart-rounds`, 0 to skip).
 
 Run as root:  .venv/bin/python benchmarks/pause_load.py [--rev HEAD~1] [--runs 20] [--busy 2]
@@ -52,7 +54,7 @@ def incast(src: Path, out: Path) -> dict:
     reaction = s.get("pfc_reaction") or {}
     return {"slowest_s": reaction.get("max_s"), "split_ms": reaction.get("slowest_ms"),
             "stage_max_ms": reaction.get("stage_max_ms"), "gc_full": reaction.get("gc_full"),
-            "longest_call_ms": reaction.get("longest_call_ms"),
+            "longest_call_ms": reaction.get("longest_call_ms"), "late_wake": reaction.get("late_wake"),
             "pauses": reaction.get("pauses_measured", 0),
             "headroom_s": spec["pfc"]["headroom"] * 8 / (gbps * 1e9) * s["dilation"],
             "overruns": s["switch"].get("headroom_overruns", 0), "status": s.get("status")}
@@ -88,6 +90,12 @@ def report(name: str, rows: list[dict]) -> None:
         longest = {k: max(c[k] for c in calls) for k in calls[0]}
         sends = " ".join(f"{c['frame']:.2f}" for c in calls)
         print(f"  {'':10s} PFC daemon's longest call (ms): {longest}  per run, frame send: {sends}")
+    wakes = [r["late_wake"] for r in ok if r.get("late_wake")]
+    if wakes:  # revisions that record it: how late the machine let the daemon wake for its timers
+        stalled = [i for i, r in enumerate(ok) if (r.get("late_wake") or {}).get("over_1ms")]
+        print(f"  {'':10s} PFC daemon's timer wakes more than 1 ms late: {sum(w['over_1ms'] for w in wakes)} "
+              f"of {sum(w['wakes'] for w in wakes)}, in {len(stalled)} run(s) (numbered from 1: "
+              f"{' '.join(str(i + 1) for i in stalled) or '-'}), the latest {max(w['max_ms'] for w in wakes):.2f} ms")
     gcs = [r["gc_full"] for r in ok if r.get("gc_full")]
     if gcs:  # revisions that record it: the PFC daemon's full garbage collections while serving
         print(f"  {'':10s} PFC daemon full collections {sum(g['count'] for g in gcs)}, "

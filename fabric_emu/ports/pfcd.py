@@ -33,6 +33,7 @@ from __future__ import annotations
 import fcntl
 import gc
 import json
+import math
 import os
 import select
 import signal
@@ -190,6 +191,7 @@ class Daemon:
         # them), and a round is what an event that arrives meanwhile waits at most.
         self.longest_ns = {"frame": 0, "gate": 0, "loop": 0}
         self.frames_sent = self.frames_received = self.events = 0
+        self.late_wakes = LateWakes()
         self.next_reconcile = 0.0
         self.errors: list[str] = []
         self.outbox: list[tuple[int, int]] = []  # (port, quanta): frames to send this round
@@ -226,7 +228,11 @@ class Daemon:
             self._flush()  # the frames, once this round's gates are set
             timeout = IDLE_POLL_S if deadline is None else max(0.0, min(IDLE_POLL_S, deadline - time.monotonic()))
             self._took("loop", start)  # its own work between two waits: events wait this long at most
-            for fd, _ in poller.poll(timeout):
+            waited = time.monotonic()
+            ready = poller.poll(timeout)
+            if not ready:  # woke for its timer: how late, past the millisecond epoll rounds up to
+                self.late_wakes.woke(time.monotonic() - (waited + math.ceil(timeout * 1e3) / 1e3))
+            for fd, _ in ready:
                 if fd == wakeup:
                     signals = os.read(wakeup, 512)
                     if self.watchdog is not None and signal.SIGUSR2 in signals:
@@ -529,6 +535,7 @@ class Daemon:
         return {"intervals": self.intervals, "reaction_s": self.reactions_s,
                 "worst_reaction": self.worst_split, "stage_max": self.stage_max,
                 "longest_call_ms": {k: round(v / 1e6, 3) for k, v in self.longest_ns.items()},
+                "late_wake": self.late_wakes.report(),
                 "frames_sent": self.frames_sent, "frames_received": self.frames_received,
                 "events": self.events, "errors": self.errors[:20],
                 "events_lost": events_lost, "watchdog": watchdog,
@@ -554,6 +561,35 @@ def max_by_stage(so_far: dict[str, float], split: dict[str, float]) -> dict[str,
     """Each stage's longest so far, with one more pause's split: a tail in one stage (a frame
     late out of a softirq backlog, say) shows even when another pause was slowest in total."""
     return {k: max(v, so_far.get(k, v)) for k, v in split.items()}
+
+
+class LateWakes:
+    """How late the daemon woke for its own timers: a wake-up is what every pause waits for, and
+    one that comes milliseconds late means this machine did not run the daemon (a kernel section
+    it cannot preempt, a syscall of its own running the CPU's pending receive work, a virtual
+    CPU not scheduled), whatever fabric-emu does. Costs nothing per packet."""
+
+    STALL_S = 1e-3
+
+    def __init__(self) -> None:
+        self.wakes = self.stalls = 0
+        self.worst_s = 0.0
+
+    def woke(self, late_s: float) -> None:
+        self.wakes += 1
+        self.stalls += late_s > self.STALL_S
+        self.worst_s = max(self.worst_s, late_s)
+
+    def report(self) -> dict:
+        return {"wakes": self.wakes, "over_1ms": self.stalls, "max_ms": round(self.worst_s * 1e3, 3)}
+
+
+def merge_late_wakes(parts: list[dict]) -> dict | None:
+    found = [p["late_wake"] for p in parts if p.get("late_wake")]
+    if not found:
+        return None
+    return {"wakes": sum(f["wakes"] for f in found), "over_1ms": sum(f["over_1ms"] for f in found),
+            "max_ms": max(f["max_ms"] for f in found)}
 
 
 class FullCollections:
@@ -615,6 +651,7 @@ def merge_stats(parts: list[dict]) -> dict:
     return {"intervals": union("intervals") or {}, "reaction_s": [r for p in parts for r in p.get("reaction_s", [])],
             "worst_reaction": max(worst, key=lambda w: w.get("total_s", 0.0)) if worst else {},
             "stage_max": most("stage_max"), "longest_call_ms": most("longest_call_ms"),
+            "late_wake": merge_late_wakes(parts),
             **{k: sum(p.get(k, 0) for p in parts) for k in ("frames_sent", "frames_received", "events", "events_lost")},
             "errors": [e for p in parts for e in p.get("errors", [])][:20],
             "watchdog": None, "storms": [s for p in parts for s in p.get("storms", [])],

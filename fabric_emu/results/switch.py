@@ -59,6 +59,8 @@ def reaction_summary(daemon: dict, dilation: float) -> dict | None:
         out["slowest_ms"] = {k.removesuffix("_s"): round(v * 1e3, 3) for k, v in split.items()}
     if daemon.get("longest_call_ms"):  # the daemon's longest frame send and tc change
         out["longest_call_ms"] = daemon["longest_call_ms"]
+    if daemon.get("late_wake"):  # how late the daemon woke for its own timers: this machine's stalls
+        out["late_wake"] = daemon["late_wake"]
     if daemon.get("gc_full"):  # the daemon's full garbage collections while it served pauses
         out["gc_full"] = daemon["gc_full"]
     stages = daemon.get("stage_max")
@@ -108,7 +110,12 @@ def lossless_warnings(rows: list[PortCounters], ecn: dict, pfc: PfcSettings | No
     overruns = sum(r.headroom_overruns for r in rows) if pfc_on else 0
     if overruns:
         worst = max(rows, key=lambda r: r.headroom_overruns)
-        slowest = f" (the slowest took {reaction['max_s'] * 1e3:.1f} ms)" if reaction else ""
+        said = [f"the slowest took {reaction['max_s'] * 1e3:.1f} ms"] if reaction else []
+        late = (reaction or {}).get("late_wake") or {}
+        if late.get("over_1ms"):  # the machine's share of the lateness, which no dilation setting removes
+            said.append(f"this machine left the PFC daemon waiting up to {late['max_ms']:.1f} ms past its own"
+                        f" timers, {late['over_1ms']} time(s)")
+        slowest = f" ({'; '.join(said)})" if said else ""
         out.append(f"{overruns} RoCE frame(s) arrived beyond xoff + headroom, most by {worst.intf}:"
                    f" fabric-emu put a pause into effect later than the modelled link would{slowest};"
                    " they were kept, not dropped, so the pauses and queues around them are not to be"

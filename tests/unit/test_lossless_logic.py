@@ -170,6 +170,17 @@ def test_reaction_summary_in_both_worlds() -> None:
     assert reaction_summary({}, 2000) is None
     r = reaction_summary({"reaction_s": [0.004, 0.001, 0.002]}, 2000)
     assert r == {"pauses_measured": 3, "p50_s": 0.002, "max_s": 0.004, "p50_fabric_us": 1.0, "max_fabric_us": 2.0}
+    late = {"wakes": 10, "over_1ms": 1, "max_ms": 2.5}
+    assert reaction_summary({"reaction_s": [0.001], "late_wake": late}, 2000)["late_wake"] == late
+
+
+def test_late_wakes_count_what_the_machine_held_back() -> None:
+    from fabric_emu.ports.pfcd import LateWakes
+
+    w = LateWakes()
+    for late_s in (0.00002, -0.0001, 0.0009, 0.0011, 0.0062):  # early wakes (a capped timeout) count as on time
+        w.woke(late_s)
+    assert w.report() == {"wakes": 5, "over_1ms": 2, "max_ms": 6.2}
 
 
 def _row(**kw):
@@ -201,6 +212,11 @@ def test_lossless_warnings_name_each_broken_promise() -> None:
     late = [*fine, _row(headroom_overruns=2, max_held_p3=150_000)]
     (w,) = lossless_warnings(late, ECN, pfc, {"max_s": 0.0074, "max_fabric_us": 3.7})
     assert w.startswith("2 RoCE frame(s) arrived beyond xoff + headroom, most by leaf1-eth1") and "7.4 ms" in w
+    assert "waiting" not in w  # no stall of the daemon's own timers to name
+    # The machine stalled the daemon's own timers: said, so the user looks at the machine too.
+    stalled = {"max_s": 0.0004, "max_fabric_us": 0.2, "late_wake": {"wakes": 900, "over_1ms": 3, "max_ms": 5.62}}
+    (w,) = lossless_warnings(late, ECN, pfc, stalled)
+    assert "the slowest took 0.4 ms; this machine left the PFC daemon waiting up to 5.6 ms past its own timers, 3 time(s)" in w
     off = PfcSettings(False, 100_000, 80_000, 0, 0xFFFF)
     assert lossless_warnings([_row(bpf_drops_p3=9, max_held_p3=10**6)], {"enabled": False}, off, None) == []
 
@@ -325,4 +341,8 @@ def test_the_daemons_of_several_machines_report_as_one() -> None:
     assert m["intervals"] == {"leaf1-eth5": [[0.1, 0.2]], "spine2-eth1": [[0.3, 0.4]]}
     assert sorted(m["reaction_s"]) == [0.001, 0.004] and m["worst_reaction"] == {"total_s": 0.004}
     assert m["stage_max"] == {"gate": 0.0002} and m["frames_sent"] == 8 and m["errors"] == ["x"]
+    assert m["late_wake"] is None  # neither daemon reported one
+    s1["late_wake"] = {"wakes": 4, "over_1ms": 1, "max_ms": 1.5}
+    s2["late_wake"] = {"wakes": 6, "over_1ms": 0, "max_ms": 0.3}
+    assert merge_stats([s1, s2])["late_wake"] == {"wakes": 10, "over_1ms": 1, "max_ms": 1.5}
     assert merge_stats([{}, s1]) is s1 and merge_stats([]) == {}
