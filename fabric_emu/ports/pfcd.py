@@ -35,7 +35,6 @@ import gc
 import json
 import math
 import os
-import queue
 import select
 import signal
 import socket
@@ -196,12 +195,6 @@ class Daemon:
         self.next_reconcile = 0.0
         self.errors: list[str] = []
         self.outbox: list[tuple[int, int]] = []  # (port, quanta): frames to send this round
-        # Frames whose pause already took effect here (Daemon._send): sent by a thread of ordinary
-        # priority, so their sends' receive work (softirqs, milliseconds under load) never holds
-        # up the real-time loop. None: the sender has stopped.
-        self.deferred: queue.SimpleQueue[tuple[int, int] | None] = queue.SimpleQueue()
-        self.deferred_sent = 0
-        self.sender = threading.Thread(target=self._send_deferred, daemon=True)
         # PFC storms: host port -> the pauses it sends while its NIC storms; their log
         self.storms: dict[int, PauseSender] = {}
         self.storm_log: list[dict] = []
@@ -224,7 +217,6 @@ class Daemon:
     def run(self, stop: threading.Event, wakeup: int | None = None) -> None:
         """wakeup: the pipe Python writes each signal's number to (SIGUSR1: a NIC's storm flag
         changed; SIGUSR2: traffic starts, the watchdog's polls count from now)."""
-        self.sender.start()
         poller = select.epoll()
         poller.register(self.ring.fd, select.EPOLLIN)
         if wakeup is not None:
@@ -425,21 +417,18 @@ class Daemon:
 
     # ------------------------------------------------------------------ actions
     def _send(self, port_id: int, quanta_list: list[int]) -> None:
-        """Pause frames out of a port. A switch port's frame to a port on this machine takes
-        effect here and now, as its upstream's MAC would on receipt, and the frame itself (still
-        crossing, counted and captured there) goes to the sender thread: a send also runs the
-        receive work pending on its CPU (softirqs, milliseconds under load), which the real-time
-        loop must not wait for. Other frames (a NIC's, or to another machine) are what pauses
-        their peer: they go out once the round's gates are set (_flush)."""
+        """Queue pause frames out of a port, sent once the round's gates are set (_flush): a send
+        also runs the receive work pending on its CPU (softirqs, 2 ms and more measured), and
+        gates waited behind it. A switch port's frame to a port on this machine also takes
+        effect here and now, as its upstream's MAC would on receipt: the frame still crosses
+        (counted and captured there), but the gate no longer waits for it."""
         peer = paused_by(self.ports, {}, port_id) if port_id in self.senders else NO_PORT
         if peer != NO_PORT and quanta_list and not self._carrier(self.ports[port_id]):
             peer = NO_PORT  # a link taken down loses its frames: the peer's pause runs out
         for quanta in quanta_list:
             if peer != NO_PORT:
                 self._honour(peer, quanta, time.monotonic(), PauseFrame(port_id))
-                self.deferred.put((port_id, quanta))
-            else:
-                self.outbox.append((port_id, quanta))
+            self.outbox.append((port_id, quanta))
             if quanta == 0:
                 self.crossed_at.pop(port_id, None)
 
@@ -455,29 +444,19 @@ class Daemon:
 
     def _flush(self) -> None:
         for port_id, quanta in self.outbox:
-            if self._send_frame(port_id, quanta):
-                self.frames_sent += 1
-                if port_id in self.storm_now:
-                    self.storm_now[port_id]["frames"] += 1
+            port = self.ports[port_id]
+            start = time.monotonic_ns()
+            try:
+                self._tx_socket(port).sendto(pfc_frame(tag_mac(port_id), quanta, LOSSLESS), (port.intf, 0))
+            except OSError as e:  # a port vanishing during teardown, say
+                self.errors.append(f"frame out of {port.intf}: {e}")
+                continue
+            self._took("frame", start)
+            self.frames_sent += 1
+            if port_id in self.storm_now:
+                self.storm_now[port_id]["frames"] += 1
+            self.maps.table.add(port_id, "pause_tx", 1, LOSSLESS)
         self.outbox.clear()
-
-    def _send_frame(self, port_id: int, quanta: int) -> bool:
-        port = self.ports[port_id]
-        start = time.monotonic_ns()
-        try:
-            self._tx_socket(port).sendto(pfc_frame(tag_mac(port_id), quanta, LOSSLESS), (port.intf, 0))
-        except OSError as e:  # a port vanishing during teardown, say
-            self.errors.append(f"frame out of {port.intf}: {e}")
-            return False
-        self._took("frame", start)
-        self.maps.table.add(port_id, "pause_tx", 1, LOSSLESS)  # a port's frames take one path while its link stays as it is
-        return True
-
-    def _send_deferred(self) -> None:
-        """The sender thread: ordinary priority (a thread's own policy on Linux), frames in order."""
-        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-        while (frame := self.deferred.get()) is not None:
-            self.deferred_sent += self._send_frame(*frame)
 
     def _took(self, what: str, start_ns: int) -> int:
         now_ns = time.monotonic_ns()
@@ -526,9 +505,6 @@ class Daemon:
 
     # ------------------------------------------------------------------ end
     def close(self) -> dict:
-        if self.sender.is_alive():  # the frames already queued still go out, and count
-            self.deferred.put(None)
-            self.sender.join()
         now_ns = time.monotonic_ns()
         for port_id, port in self.ports.items():  # close the books on pauses still running
             since = self.maps.table.get(port_id, "paused_since", LOSSLESS)
@@ -560,7 +536,7 @@ class Daemon:
                 "worst_reaction": self.worst_split, "stage_max": self.stage_max,
                 "longest_call_ms": {k: round(v / 1e6, 3) for k, v in self.longest_ns.items()},
                 "late_wake": self.late_wakes.report(),
-                "frames_sent": self.frames_sent + self.deferred_sent, "frames_received": self.frames_received,
+                "frames_sent": self.frames_sent, "frames_received": self.frames_received,
                 "events": self.events, "errors": self.errors[:20],
                 "events_lost": events_lost, "watchdog": watchdog,
                 "storms": self.storm_log, "storm_nic_drops": storm_drops, "nic_receive": nic_rx}
