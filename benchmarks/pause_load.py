@@ -92,7 +92,7 @@ def report(name: str, rows: list[dict]) -> None:
         print(f"  {'':10s} PFC daemon's longest call (ms): {longest}  per run, frame send: {sends}")
     wakes = [r["late_wake"] for r in ok if r.get("late_wake")]
     if wakes:  # revisions that record it: how late the machine let the daemon wake for its timers
-        stalled = [i for i, r in enumerate(ok) if (r.get("late_wake") or {}).get("over_1ms")]
+        stalled = [i for i, r in enumerate(ok) if r.get("late_wake") and r["late_wake"]["over_1ms"]]
         print(f"  {'':10s} PFC daemon's timer wakes more than 1 ms late: {sum(w['over_1ms'] for w in wakes)} "
               f"of {sum(w['wakes'] for w in wakes)}, in {len(stalled)} run(s) (numbered from 1: "
               f"{' '.join(str(i + 1) for i in stalled) or '-'}), the latest {max(w['max_ms'] for w in wakes):.2f} ms")

@@ -17,14 +17,14 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import subprocess
 import sys
 import time
 
+from fabric_emu.ports.pfcd import REALTIME_PRIORITY
+from pause_load import busy_loops
 from smoke import parse_args
 
 SLEEP_S = 200e-6
-REALTIME_PRIORITY = 10  # fabric_emu.ports.pfcd's
 
 
 def probe(cpu: int, seconds: float, out: "multiprocessing.Queue[tuple]") -> None:
@@ -46,7 +46,7 @@ def probe(cpu: int, seconds: float, out: "multiprocessing.Queue[tuple]") -> None
 
 def measure(seconds: float, busy: int) -> list[tuple]:
     """One row per CPU: (cpu, wake-ups, late > 0.5 ms, > 1 ms, > 2 ms, latest ms, stall moments)."""
-    loops = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(busy)]
+    loops = busy_loops(busy)
     try:
         results: multiprocessing.Queue = multiprocessing.Queue()
         procs = [multiprocessing.Process(target=probe, args=(cpu, seconds, results))

@@ -226,9 +226,9 @@ class Daemon:
             self._drain(time.monotonic())
             deadline = self._timers(time.monotonic())
             self._flush()  # the frames, once this round's gates are set
-            timeout = IDLE_POLL_S if deadline is None else max(0.0, min(IDLE_POLL_S, deadline - time.monotonic()))
-            self._took("loop", start)  # its own work between two waits: events wait this long at most
             waited = time.monotonic()
+            timeout = IDLE_POLL_S if deadline is None else max(0.0, min(IDLE_POLL_S, deadline - waited))
+            self._took("loop", start)  # its own work between two waits: events wait this long at most
             ready = poller.poll(timeout)
             if not ready:  # woke for its timer: how late, past the millisecond epoll rounds up to
                 self.late_wakes.woke(time.monotonic() - (waited + math.ceil(timeout * 1e3) / 1e3))
