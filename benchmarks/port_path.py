@@ -166,14 +166,16 @@ def _ovs_cpu() -> int:
     return int(fields[11]) + int(fields[12])  # utime + stime, clock ticks
 
 
-def measure(bench: Bench, seconds: float, pps: int) -> dict:
-    """Send for `seconds` at `pps`; CPU per received packet (machine, and OVS alone), in us."""
-    rx = run_in_netns(bench.hosts[1], lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
-    rx.bind((IPS[1], 4791))
+def paced_udp(tx_ns: str, rx_ns: str, rx_ip: str, seconds: float, pps: int, tos: int = 0) -> dict:
+    """Send PAYLOAD-byte UDP datagrams from namespace tx_ns to rx_ip (bound in rx_ns) for
+    `seconds` at `pps`; what was sent and received, and the CPU clock ticks the machine and
+    ovs-vswitchd spent meanwhile (also used by benchmarks/wire_cost.py)."""
+    rx = run_in_netns(rx_ns, lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+    rx.bind((rx_ip, 4791))
     rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
     rx.settimeout(0.5)
-    tx = run_in_netns(bench.hosts[0], lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
-    tx.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, TOS)
+    tx = run_in_netns(tx_ns, lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+    tx.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
     got = [0]
 
     def receive() -> None:
@@ -194,7 +196,7 @@ def measure(bench: Bench, seconds: float, pps: int) -> dict:
     while (now := time.monotonic()) < start + seconds:
         due = int((now - start) * pps)
         while n < due:
-            tx.sendto(payload, (IPS[1], 4791))
+            tx.sendto(payload, (rx_ip, 4791))
             n += 1
         time.sleep(0.0005)
     busy1, total1 = _cpu()
@@ -202,10 +204,16 @@ def measure(bench: Bench, seconds: float, pps: int) -> dict:
     t.join()
     tx.close()
     rx.close()
+    return {"sent": n, "received": got[0], "busy_ticks": busy1 - busy0, "ovs_ticks": ovs1 - ovs0}
+
+
+def measure(bench: Bench, seconds: float, pps: int) -> dict:
+    """Send for `seconds` at `pps`; CPU per received packet (machine, and OVS alone), in us."""
+    m = paced_udp(bench.hosts[0], bench.hosts[1], IPS[1], seconds, pps, TOS)
     tick = 1e6 / os.sysconf("SC_CLK_TCK")
-    return {"sent": n, "received": got[0],
-            "machine_us_per_pkt": (busy1 - busy0) * tick / max(1, got[0]),
-            "ovs_us_per_pkt": (ovs1 - ovs0) * tick / max(1, got[0])}
+    return {"sent": m["sent"], "received": m["received"],
+            "machine_us_per_pkt": m["busy_ticks"] * tick / max(1, m["received"]),
+            "ovs_us_per_pkt": m["ovs_ticks"] * tick / max(1, m["received"])}
 
 
 def main() -> None:

@@ -59,6 +59,7 @@ PORTS = [
     Column("max_held_p3", "int", "bytes", "most RoCE bytes held that came in by this port"),
     Column("max_backlog_bytes", "int", "bytes", "deepest egress backlog, all classes"),
     Column("ttl_expired", "int", "packets", "IPv4 packets that came in with no TTL left to forward (routing loops)"),
+    Column("cut_drops", "int", "packets", "frames sent out of this port while its link was cut (in drops)"),
     Column("drops", "int", "packets", "all drops at this port"),
     *[c for p in CLASSES for c in (
         Column(f"drops_p{p}", "int", "packets", f"drops, class {p}"),

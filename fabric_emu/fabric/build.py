@@ -25,6 +25,7 @@ from mininet.node import Host, OVSSwitch, RemoteController
 from mininet.topo import Topo
 from pyroute2 import IPRoute
 
+from fabric_emu.fabric import wires
 from fabric_emu.kernel import ovs_datapath, rps, rtnl
 from fabric_emu.kernel.rtnl import Batch
 from fabric_emu.topo.plan import FabricPlan
@@ -37,14 +38,15 @@ from fabric_emu.state.records import OVS_OWNER_KEY, RunRecord
 class PlanTopo(Topo):
     """A Mininet Topo that mirrors the plan exactly (names, MACs, IPs, port numbers)."""
 
-    def build(self, plan: FabricPlan) -> None:  # type: ignore[override]
+    def build(self, plan: FabricPlan, wired: frozenset[frozenset[str]] = frozenset()) -> None:  # type: ignore[override]
         for sw in plan.switches:
             self.addSwitch(sw.name, dpid=f"{sw.dpid:016x}")
         prefix = plan.subnet.split("/")[1]
         for h in plan.hosts:
             self.addHost(h.name, ip=f"{h.ip}/{prefix}", mac=h.mac)
         for ln in plan.links:
-            self.addLink(ln.a, ln.b, port1=ln.a_port, port2=ln.b_port)
+            cls = wires.WiredLink if frozenset((ln.a, ln.b)) in wired else None
+            self.addLink(ln.a, ln.b, port1=ln.a_port, port2=ln.b_port, **({"cls": cls} if cls else {}))
 
 
 class FabricSwitch(OVSSwitch):
@@ -131,8 +133,9 @@ class Fabric:
     """Build, start and stop the Mininet network for one run."""
 
     def __init__(self, plan: FabricPlan, record: RunRecord, controller_port: int,
-                 ports: PortPlan) -> None:
+                 ports: PortPlan, wired: frozenset[frozenset[str]] = frozenset()) -> None:
         self.plan = plan
+        self.wired = wired  # switch pairs whose link has a wire in the middle (fabric_emu.fabric.wires)
         self.ports = ports
         self.record = record
         self.controller_port = controller_port
@@ -162,7 +165,7 @@ class Fabric:
         def make_switch(name: str, **params) -> FabricSwitch:
             return FabricSwitch(name, run_id=self.record.run_id, datapath=mininet_dp, **params)
 
-        self.net = Mininet(topo=PlanTopo(plan=plan), switch=make_switch, controller=None,
+        self.net = Mininet(topo=PlanTopo(plan=plan, wired=self.wired), switch=make_switch, controller=None,
                            autoSetMacs=False, autoStaticArp=False, build=False,
                            waitConnected=False)
         self.net.addController(LaunchedController("c0", ip="127.0.0.1", port=self.controller_port))
@@ -260,9 +263,13 @@ class Fabric:
         return by_port[int(ports[-1])]
 
     def set_link(self, a: str, b: str, up: bool) -> None:
-        """Take the link between switches a and b down (both ends, as a cut cable does), or
-        bring it back. Open vSwitch tells the controller (port status), which reroutes."""
+        """Take the link between switches a and b down (its wire, when it has one: the ports
+        lose their carrier; else both ends, taken down), or bring it back. Open vSwitch tells the
+        controller (port status), which reroutes."""
         ends = [p.intf for p in self.plan.link_ends(a, b)]
+        if frozenset((a, b)) in self.wired:
+            wires.set_wire(ends, up)
+            return
         with IPRoute() as ipr:
             for name in ends:
                 ipr.link("set", index=ipr.link_lookup(ifname=name)[0], state="up" if up else "down")

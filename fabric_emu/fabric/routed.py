@@ -19,8 +19,9 @@ class RoutedFabric:
 
     def __init__(self, plan: FabricPlan, record: RunRecord, workdir: Path, lb_mode: str = "ecmp",
                  ports: PortPlan | None = None, spray_entropies: int | None = None,
-                 dlb: tuple[int, int] | None = None):
+                 dlb: tuple[int, int] | None = None, wired: frozenset[frozenset[str]] = frozenset()):
         self.plan = plan
+        self.wired = wired  # switch pairs whose link the run cuts (fabric_emu.fabric.wires)
         self.port_plan = ports or port_plan(plan, *default_settings(plan))
         self.ports: LosslessPorts | None = None
         self.pfc_stats: dict = {}
@@ -43,7 +44,7 @@ class RoutedFabric:
         if self.ctrl.rest_port:
             self.record.controller_url = self.ctrl.rest_url
         self.record.add_process(self.ctrl.pid, "controller")  # saves the record
-        self.fabric = Fabric(self.plan, self.record, self.ctrl.port, self.port_plan)
+        self.fabric = Fabric(self.plan, self.record, self.ctrl.port, self.port_plan, self.wired)
         self.fabric.build()
         self.ports = LosslessPorts(self.port_plan, self.record, self.workdir)
         self.ports.launch(self.fabric.netns_by_node())  # the PFC daemon boots while the switches start
@@ -68,6 +69,18 @@ class RoutedFabric:
                 pass
             time.sleep(0.1)
         raise RuntimeError("the controller did not set the DLB stage up (see logs/controller.log)")
+
+    def set_link(self, a: str, b: str, up: bool) -> None:
+        """Cut the link between switches a and b, or mend it. Cut, its ports' egress programs drop
+        what Open vSwitch still sends them and give the bytes back (marked before the link goes,
+        unmarked once it is back: no frame is charged to a link that cannot carry it)."""
+        assert self.fabric is not None and self.ports is not None
+        ends = [p.intf for p in self.plan.link_ends(a, b)]
+        if not up:
+            self.ports.cut_link(ends, True)
+        self.fabric.set_link(a, b, up)
+        if up:
+            self.ports.cut_link(ends, False)
 
     def down(self) -> list[str]:
         """Stop whatever was started; returns the problems met (the run record's clean follows)."""

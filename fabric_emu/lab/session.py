@@ -212,7 +212,7 @@ class LabSession:
         self.routed.ports.reconfigure(switch_settings(self.plan, *settings_of(spec)))
 
     def set_link(self, req: LinkRequest) -> None:
-        self.routed.fabric.set_link(req.a, req.b, req.up)
+        self.routed.set_link(req.a, req.b, req.up)
         (self.links_down.discard if req.up else self.links_down.add)(frozenset((req.a, req.b)))
 
     # ------------------------------------------------------------------ runs

@@ -25,7 +25,7 @@ CLASSES = (0, 3, 6)  # priorities with their own queue: default, RoCE (lossless)
 # Counted by the kernel qdiscs (per class) and the port programs and PFC daemon (BPF map).
 CLASS_KEYS = tuple(f"{k}_p{p}" for k in ("queue_drops", "bpf_drops", "ecn_marked", "pause_tx", "pause_rx",
                                          "paused_ns") for p in CLASSES)
-COUNTERS = (*OVS_KEYS, "rx_socket_drops", *CLASS_KEYS, "lossless_drops", "headroom_overruns")
+COUNTERS = (*OVS_KEYS, "rx_socket_drops", *CLASS_KEYS, "lossless_drops", "headroom_overruns", "cut_drops")
 # High-water marks (not differenced): deepest egress queue per class; most lossless bytes held
 # in the switch that came in through this port (what PFC's xoff is compared with).
 MAX_KEYS = (*(f"max_backlog_p{p}" for p in CLASSES), "max_held_p3")
@@ -75,13 +75,14 @@ class PortCounters:
     max_held_p3: int = 0
     max_backlog_bytes: int = 0  # deepest the whole egress buffer was in the samples
     ttl_expired: int = 0  # IPv4 packets that came in here with no TTL left to forward (a routing loop's end)
+    cut_drops: int = 0  # frames Open vSwitch sent out of here while the link was cut (bpf/port.c link_cut)
 
     def class_drops(self, prio: int) -> int:
         return getattr(self, f"queue_drops_p{prio}") + getattr(self, f"bpf_drops_p{prio}")
 
     @property
     def drops(self) -> int:
-        return (self.rx_dropped + self.tx_dropped + self.rx_socket_drops + self.ttl_expired
+        return (self.rx_dropped + self.tx_dropped + self.rx_socket_drops + self.ttl_expired + self.cut_drops
                 + sum(self.class_drops(p) for p in CLASSES))
 
     @property
@@ -174,6 +175,7 @@ def port_counters(switch: str, port: int, intf: str, peer: str, kind: str, ovs: 
         switch=switch, port=port, intf=intf, peer=peer, kind=kind,
         **{k: ovs.get(k, 0) for k in OVS_KEYS}, rx_socket_drops=socket_drops,
         lossless_drops=bpf.get("lossless_drops", 0), headroom_overruns=bpf.get("headroom_overruns", 0),
+        cut_drops=bpf.get("cut_drops", 0),
         max_held_p3=bpf.get("max_held_p3", 0),
         **per_class,
     )
@@ -201,6 +203,7 @@ def totals(rows: list[PortCounters], dilation: float = 1.0) -> dict:
         "drops_by_class": {f"p{p}": sum(r.class_drops(p) for r in rows) for p in CLASSES},
         "lossless_drops": sum(r.lossless_drops for r in rows),
         "headroom_overruns": sum(r.headroom_overruns for r in rows),
+        "cut_link_drops": sum(r.cut_drops for r in rows),
         "ecn_marked": sum(r.ecn_marked for r in rows),
         "pause_tx": sum(r.pause_tx_p3 for r in rows),
         "pause_rx": sum(r.pause_rx_p3 for r in rows),

@@ -1,5 +1,5 @@
 """The layout of `struct port` and `struct event` in bpf/port.c, for reading and writing the
-mmapped map from Python. Pure: tests/unit/test_port_layout.py checks it against the C source."""
+mmapped map from Python. Pure: tests/unit/test_lossless_logic.py checks it against the C source."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ FIELDS: tuple[tuple[str, int], ...] = (
     ("wd_drop", 1), ("peer_wd_drop", 1), ("peer_stalled", 1), ("rx_lossless", 1), ("rx_wd_drops", 1), ("peer_drops", 1),
     ("wd_status", 1), ("wd_detected", 1), ("wd_restored", 1),
     ("nic_rx_rate", 1), ("nic_rx_limit", 1), ("nic_rx_xoff", 1), ("nic_rx_occ", 1), ("nic_rx_last", 1),
-    ("nic_rx_state", 1), ("nic_rx_xoffs", 1), ("nic_rx_drops", 1), ("reserved", 2),
+    ("nic_rx_state", 1), ("nic_rx_xoffs", 1), ("nic_rx_drops", 1), ("link_cut", 1), ("cut_drops", 1),
 )
 
 
@@ -49,7 +49,7 @@ OFFSETS = _offsets()  # name -> (index of its first u64, count)
 # Counters a reader takes, per priority or per port (config and state are not counters).
 PER_PRIO_COUNTERS = ("tx_packets", "tx_bytes", "drops", "marked", "max_queue", "max_held",
                      "pause_tx", "pause_rx", "paused_ns")
-PORT_COUNTERS = ("lossless_drops", "xoff_crossings", "xon_crossings", "headroom_overruns")
+PORT_COUNTERS = ("lossless_drops", "xoff_crossings", "xon_crossings", "headroom_overruns", "cut_drops")
 
 
 @dataclass(frozen=True)

@@ -207,6 +207,14 @@ class LosslessPorts:
             self.maps.table.set(port, "peer_stalled", int(on))
         self.daemon.send_signal(signal.SIGUSR1)
 
+    def cut_link(self, intfs: list[str], cut: bool) -> None:
+        """Mark these switch ports' link cut (their egress programs drop what Open vSwitch still
+        sends them, giving a lossless frame's bytes back) or whole again (bpf/port.c, link_cut)."""
+        assert self.maps is not None
+        for e in self.ports.ends:
+            if e.intf in intfs:
+                self.maps.table.set(e.id, "link_cut", int(cut))
+
     def traffic_starts(self, go: float) -> None:
         """Tell the daemon, at `go` (wall clock), that traffic starts: the watchdog's polls count
         from there."""

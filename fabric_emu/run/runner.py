@@ -254,6 +254,7 @@ class Runner:
         """Build, route and publish the fabric (the lab keeps it up between runs)."""
         from fabric_emu.ports.model import port_args, port_plan_from_args
         from fabric_emu.fabric.routed import RoutedFabric
+        from fabric_emu.fabric.wires import cut_links
         from fabric_emu.nic.launch import spray_entropies
 
         t = time.monotonic()
@@ -261,7 +262,8 @@ class Runner:
         d = self.plan.dilation
         dlb = (round(self.spec.dlb.inactivity * d * 1e9), round(self.spec.dlb.quality_window * d * 1e9))
         self.routed = RoutedFabric(self.plan, record, workdir, self.spec.load_balancing, ports=ports,
-                                   spray_entropies=spray_entropies(self.spec, self.plan) or None, dlb=dlb)
+                                   spray_entropies=spray_entropies(self.spec, self.plan) or None, dlb=dlb,
+                                   wired=cut_links(self.spec.events))
         self.routed.up(READY_TIMEOUT_S)
         self.times["bring_up"] = time.monotonic() - t
         self.say(f"fabric up and routed in {self.times['bring_up']:.1f}s")
@@ -304,7 +306,7 @@ class Runner:
         cut_short: BaseException | None = None
         keeper = self._controller_keeper(record)
         events = EventRunner(self.spec.events, self.plan.dilation, self.routed.ctrl.rest_url,
-                             self.routed.fabric.set_link, self.routed.fabric.set_link_rate, lossless.set_storm,
+                             self.routed.set_link, self.routed.fabric.set_link_rate, lossless.set_storm,
                              keeper.act)
         background = Background(self.spec.background, self.routed.fabric, self.plan, record)
         background.prepare()

@@ -9,6 +9,7 @@ restart is still routed around (its uplink stops, the others carry on).
 
 from __future__ import annotations
 
+import csv
 import os
 import re
 import signal
@@ -240,13 +241,13 @@ def test_a_controller_that_dies_on_its_own_is_restarted(crashed):
 def cut_while_away(tmp_path_factory):
     """The controller stopped at 200 us, leaf1-spine2 cut at 300 us with no controller to hear
     it, the controller started again at 500 us: it must learn the cut from the switches' ports.
-    Lossy (PFC off): with PFC on, the frames leaf1 keeps sending into the dead port until the
-    controller is back stay charged to their ingress ports, which then pause their hosts for
-    ever (the lossless ports' accounting, fabric_emu/ports: a follow-up, see
-    docs/controller-restart.md); here they are lost, and RC resends them."""
-    return run_sampled(tmp_path_factory, "link-failure", "leaf1", "pfc.enabled=false",
-                       "events=[{at: 200us, controller: stop}, {at: 300us, link: leaf1-spine2, state: down}, "
-                       "{at: 500us, controller: start}]")
+    Lossy (PFC off): the frames leaf1 sends into the dead port until the controller is back are
+    lost, and RC resends them. The lossless case is cut_while_away_lossless, below."""
+    return run_sampled(tmp_path_factory, "link-failure", "leaf1", "pfc.enabled=false", *AWAY_EVENTS)
+
+
+AWAY_EVENTS = ("events=[{at: 200us, controller: stop}, {at: 300us, link: leaf1-spine2, state: down}, "
+               "{at: 500us, controller: start}]",)
 
 
 def test_a_link_cut_while_the_controller_was_away_is_routed_around_when_it_returns(cut_while_away):
@@ -266,4 +267,34 @@ def test_a_link_cut_while_the_controller_was_away_is_routed_around_when_it_retur
     # measured on leaf1: once the new controller was back, its uplink to spine2 stays idle and
     # the other three carry the traffic
     back = stop["fired_wall"] + start["outage_s"]  # the outage runs from the stop to the resync
+    assert_spine2_uplink_idle_after(sampler, back, "the run ended too soon after the controller came back")
+
+
+@pytest.fixture(scope="module")
+def cut_while_away_lossless(tmp_path_factory):
+    """The same, with PFC on (the experiment's default). The frames leaf1 keeps sending into the
+    dead link were charged to the ports they came in by; before the link had a wire
+    (fabric_emu/fabric/wires.py) the kernel refused them before any port program saw them, their
+    charge stayed, and those ports paused their hosts for ever: the run stalled to its deadline."""
+    return run_sampled(tmp_path_factory, "link-failure", "leaf1", *AWAY_EVENTS)
+
+
+def test_a_lossless_link_cut_while_the_controller_was_away_gives_its_buffer_back(cut_while_away_lossless):
+    run_dir, r, sampler = cut_while_away_lossless
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = read_json(run_dir / "summary.json")
+    assert s["status"] == "ok" and s["fidelity"]["trusted"], s["fidelity"]
+    stop, cut, start = s["events"]
+    assert cut["ok"] and start["resynced"]
+    # leaf1 sent into the cut link until the controller was back: its port program dropped those
+    # frames (counted) and gave their bytes back, so nothing stayed charged at the end
+    rows = list(csv.DictReader((run_dir / "ports.csv").open()))
+    dead = {r["intf"]: int(r["cut_drops"]) for r in rows if {r["switch"], r["peer"]} == {"leaf1", "spine2"}}
+    assert len(dead) == 2 and dead[next(i for i in dead if i.startswith("leaf1"))] > 0, dead
+    assert all(int(r["cut_drops"]) == 0 for r in rows if r["intf"] not in dead)
+    accounting = s["pfc_accounting"]
+    assert accounting["settled"] and accounting["leaked_bytes"] == 0, accounting
+    assert accounting["over_credited_bytes"] == 0 and not accounting["negative_pairs"], accounting
+    assert s["transport"]["lost_packets"] > 0  # the frames on the cut link, resent by RC
+    back = stop["fired_wall"] + start["outage_s"]
     assert_spine2_uplink_idle_after(sampler, back, "the run ended too soon after the controller came back")

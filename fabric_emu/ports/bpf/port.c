@@ -125,7 +125,13 @@ struct port {
 	__u64 nic_rx_occ, nic_rx_last;	/* programs: bytes held at nic_rx_last (ktime ns) */
 	__u64 nic_rx_state;	/* programs set it at xoff, the daemon clears it at xon */
 	__u64 nic_rx_xoffs, nic_rx_drops;	/* programs: xoff crossings; frames beyond the buffer */
-	__u64 reserved[2];
+	/* A link a run's events cut is built with a wire in the middle (fabric_emu/fabric/wires.py):
+	 * cut, the wire is down and this port up without carrier, so Open vSwitch's frames for the
+	 * dead link still reach this port's egress program, which drops them and gives a lossless
+	 * frame's bytes back to its ingress port. (A port taken down refuses them before any program
+	 * sees them: their charge stayed for good, and paused that ingress's upstream for ever.) */
+	__u64 link_cut;	/* runner: 1 while this port's link is cut */
+	__u64 cut_drops;	/* programs: frames dropped at this egress because its link was cut */
 };
 _Static_assert(sizeof(struct port) == 1088, "struct port must stay 1088 bytes (fabric_emu/ports/layout.py)");
 
@@ -390,6 +396,12 @@ int switch_egress(struct __sk_buff *skb)
 		in_id = NO_PORT;
 
 	int lossless = prio == PRIO_LOSSLESS && (out->flags & PORT_PFC);
+	if (out->link_cut) {	/* lost on the cut cable; its buffer freed (see struct port) */
+		if (lossless && in)
+			credit_held(in, in_id, prio, len);
+		__sync_fetch_and_add(&out->cut_drops, 1);
+		return TC_ACT_STOLEN;
+	}
 	if (prio == PRIO_LOSSLESS && (out->wd_drop || out->peer_wd_drop)) {
 		/* The PFC watchdog's drop action, on this queue (its peer storms: nothing more waits
 		 * for it) or on the peer's ingress (counted there). */
