@@ -13,7 +13,8 @@ groups detour), and the frames Open vSwitch still sends them reach their egress 
 drop them and give their bytes back (bpf/port.c, `link_cut`).
 
 The wire costs each frame on that link one more veth crossing, so only the links a run's events
-cut get one (benchmarks/wire_cost.py measures it). Deleting a switch port deletes its wire end
+cut get one (benchmarks/wire_cost.py measures it), and in a lab, whose user may cut any, every
+link between two switches. Deleting a switch port deletes its wire end
 with it (a veth pair goes as one), so cleanup needs no records of its own.
 """
 
@@ -24,6 +25,7 @@ import subprocess
 from pathlib import Path
 
 from fabric_emu.kernel import mininet_compat, rps
+from fabric_emu.topo.plan import FabricPlan
 
 mininet_compat.install()  # before any of Mininet: Python 3.12 has no distutils
 from mininet.link import Link  # noqa: E402  (after mininet_compat)
@@ -40,6 +42,11 @@ def cut_links(events: list) -> frozenset[frozenset[str]]:
     """The switch pairs whose link a run's events take down (`link: a-b`, `state: down`)."""
     return frozenset(frozenset(e.link.split("-", 1)) for e in events
                      if getattr(e, "link", None) and getattr(e, "state", None) == "down")
+
+
+def switch_links(plan: FabricPlan) -> frozenset[frozenset[str]]:
+    """Every link between two switches (a lab's user may cut any)."""
+    return frozenset(frozenset((ln.a, ln.b)) for ln in plan.links if ln.kind == "fabric")
 
 
 def _ip(*args: str) -> None:

@@ -125,7 +125,7 @@ class LabSession:
                  f"{len(self.plan.hosts)} hosts; building it")
         self.runner = Runner(self._boot_spec(), self.plan, [h.name for h in self.plan.hosts], self.out_base,
                              command=[], console=self.console, metrics_port=self.metrics_port)
-        self.runner.bring_up(self.record, self.workdir)
+        self.runner.bring_up(self.record, self.workdir, every_link_cuttable=True)  # `link a-b down` may cut any
         if not self.spec.pfc.enabled:  # built with PFC-sized lossless FIFOs; now as the spec says
             self._apply_ports(self.spec)
 

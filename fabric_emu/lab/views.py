@@ -27,10 +27,12 @@ def _kb(n: float) -> str:
 
 
 def operstate(intf: str) -> str:
+    """up or down; a cut link's port is up without carrier (fabric_emu.fabric.wires): down."""
     try:
-        return Path(f"/sys/class/net/{intf}/operstate").read_text().strip()
+        state = Path(f"/sys/class/net/{intf}/operstate").read_text().strip()
     except OSError:
         return "?"
+    return "down" if state == "lowerlayerdown" else state
 
 
 def print_ports(out: Console, snap: Snapshot, switch: str | None) -> None:

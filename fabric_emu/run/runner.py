@@ -250,11 +250,13 @@ class Runner:
             return traffic["traffic_start"]
         return min(gos) - (time.time() - time.monotonic())
 
-    def bring_up(self, record: RunRecord, workdir: Path):
-        """Build, route and publish the fabric (the lab keeps it up between runs)."""
+    def bring_up(self, record: RunRecord, workdir: Path, every_link_cuttable: bool = False):
+        """Build, route and publish the fabric (the lab keeps it up between runs). Links the
+        spec's events cut get a wire (fabric_emu.fabric.wires); every_link_cuttable: every link
+        between two switches does (a lab, whose user may cut any)."""
         from fabric_emu.ports.model import port_args, port_plan_from_args
         from fabric_emu.fabric.routed import RoutedFabric
-        from fabric_emu.fabric.wires import cut_links
+        from fabric_emu.fabric.wires import cut_links, switch_links
         from fabric_emu.nic.launch import spray_entropies
 
         t = time.monotonic()
@@ -263,7 +265,7 @@ class Runner:
         dlb = (round(self.spec.dlb.inactivity * d * 1e9), round(self.spec.dlb.quality_window * d * 1e9))
         self.routed = RoutedFabric(self.plan, record, workdir, self.spec.load_balancing, ports=ports,
                                    spray_entropies=spray_entropies(self.spec, self.plan) or None, dlb=dlb,
-                                   wired=cut_links(self.spec.events))
+                                   wired=switch_links(self.plan) if every_link_cuttable else cut_links(self.spec.events))
         self.routed.up(READY_TIMEOUT_S)
         self.times["bring_up"] = time.monotonic() - t
         self.say(f"fabric up and routed in {self.times['bring_up']:.1f}s")
