@@ -7,7 +7,8 @@ drops it (fabric_emu/ports/bpf/port.c). Once nothing moves, for every ingress po
 
     held - sum over egress ports of pair_held = bytes Open vSwitch lost after the charge
 
-(a TTL-expiry or table-miss drop, a full packet socket, a port that went down), and what the
+(a table-miss drop, a full packet socket, a port taken down that had no wire: TTL expiries are
+not charged, and a link with a wire gives back what is sent into it cut), and what the
 pairs still hold is waiting in egress queues (a paused or deadlocked buffer). A negative pair,
 or pairs above held, means a frame was credited without its charge: the accounting itself is
 off, and ports may have stopped pausing too early. Pure: readings in, a summary out.

@@ -124,8 +124,11 @@ def test_a_routing_loop_kills_packets_by_ttl_and_deadlocks_above_a_rate(tmp_path
         # packets for the cut-off leaf died of old age, at the switches that saw them last
         assert expired > 0 and s["deadlocks"]["persistent"] == [], (expired, s["deadlocks"])
         assert s["switch"]["drops"] >= expired
-    # Open vSwitch drops an expired packet after its ingress port was charged for it: those bytes
-    # stay charged, in no queue, and the end-of-run audit finds them (never a credit too many).
+    # An expired packet dies in Open vSwitch's table 0; its ingress port's program does not charge
+    # it (it stayed charged, in no queue, for good until issue 20), so no port the loop runs through
+    # leaks. What still may: an ACK from h5 or h6, which Open vSwitch drops at leaf3 inside its
+    # fast-failover group with no live uplink, where no program sees it (62 B measured, once).
     acc = s["pfc_accounting"]
-    assert acc["settled"] and acc["leaked_bytes"] > 0 and acc["over_credited_bytes"] == 0, acc
+    assert acc["settled"] and acc["over_credited_bytes"] == 0, acc
+    assert set(acc["leaked_by_port"]) <= {"leaf3-eth1", "leaf3-eth2"}, acc
     assert acc["leaked_bytes"] + acc["queued_bytes"] == acc["held_bytes"]

@@ -536,6 +536,11 @@ static __always_inline int ingress(struct __sk_buff *skb, int at_switch)
 		__sync_fetch_and_add(&me->rx_lossless, 1);
 	if (!(me->flags & PORT_PFC))
 		return TC_ACT_OK;
+	/* An IPv4 packet with no TTL left to forward dies in the switch's table 0 (a router's TTL
+	 * expiry, controller/core.py), in Open vSwitch, where no program could give its bytes back:
+	 * it takes no buffer, as in a switch that drops it before admission. */
+	if (ip && ip->ttl <= 1)
+		return TC_ACT_OK;
 	__u64 held = __sync_fetch_and_add(&me->held[prio], len) + len;
 	if (held > me->max_held[prio])
 		me->max_held[prio] = held;
