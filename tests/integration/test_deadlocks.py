@@ -74,7 +74,9 @@ def test_the_controls_deliver_every_byte_and_never_lock(tmp_path_factory, sets):
 def test_the_watchdog_breaks_it_and_it_forms_again(tmp_path_factory):
     # A retransmission timeout of 262 us (not RoCE's default 4.2 ms): a flow the drops cost its
     # tail is back within a period, so the cycle keeps forming (5 formations in 6 ms, measured).
-    run, r = run_shipped(tmp_path_factory, "deadlock-ring", "pfcwd.enabled=true", "timeout=25s",
+    # Each formation waits for the watchdog, so the flows finish in 3-30 s here; a CI rehearsal
+    # once reached 25 s with the cycle formed and ended deadlocked: 45 s leaves room.
+    run, r = run_shipped(tmp_path_factory, "deadlock-ring", "pfcwd.enabled=true", "timeout=45s",
                          "transport.retransmit_timeout=262.144us")
     s = read_json(run / "summary.json")
     dl, wd = s["deadlocks"], s["pfcwd"]
