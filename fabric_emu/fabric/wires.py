@@ -23,9 +23,13 @@ from __future__ import annotations
 import hashlib
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fabric_emu.kernel import mininet_compat, rps
 from fabric_emu.topo.plan import FabricPlan
+
+if TYPE_CHECKING:
+    from fabric_emu.spec.events import EventSpec
 
 mininet_compat.install()  # before any of Mininet: Python 3.12 has no distutils
 from mininet.link import Link  # noqa: E402  (after mininet_compat)
@@ -38,10 +42,9 @@ def wire_name(intf: str) -> str:
     return "few" + hashlib.sha1(intf.encode()).hexdigest()[:10]
 
 
-def cut_links(events: list) -> frozenset[frozenset[str]]:
+def cut_links(events: list[EventSpec]) -> frozenset[frozenset[str]]:
     """The switch pairs whose link a run's events take down (`link: a-b`, `state: down`)."""
-    return frozenset(frozenset(e.link.split("-", 1)) for e in events
-                     if getattr(e, "link", None) and getattr(e, "state", None) == "down")
+    return frozenset(frozenset(e.link.split("-")) for e in events if e.link is not None and e.state == "down")
 
 
 def switch_links(plan: FabricPlan) -> frozenset[frozenset[str]]:
