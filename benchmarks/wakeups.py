@@ -1,13 +1,16 @@
 """How late this machine wakes a real-time thread: the floor under every pause fabric-emu serves.
 
-One process per CPU, pinned there at the PFC daemon's real-time priority, sleeps 200 us over and
-over for `--seconds` and counts how late each wake-up came: first on the machine as it is, then
-with `--busy` busy loops beside them, in the same run. A wake-up milliseconds late is time the
-PFC daemon would also have lost, whatever its code does: a kernel section this kernel does not
-preempt, or a virtual CPU the hypervisor did not run. Per CPU it prints the wake-ups, how many
-came more than 0.5 / 1 / 2 ms late, the latest, and the moments (monotonic seconds) of those
-past 1 ms, so stalls that hit every CPU at once (the hypervisor's) show as the same moments on
-each line; then the ratio of wake-ups past 1 ms, busy against as is.
+A compiled probe (benchmarks/wakeup_probe.c: no interpreter between the kernel's wake-up and the
+measure) runs one thread per CPU, pinned there at the PFC daemon's real-time priority, each
+sleeping to the same deadlines, 200 us apart, for `--seconds`: first on the machine as it is,
+then with `--busy` busy loops beside them, in the same run. A wake-up milliseconds late is time
+the PFC daemon would also have lost, whatever its code or language: a kernel section this kernel
+does not preempt, or a virtual CPU the hypervisor did not run. Per CPU it prints the wake-ups,
+how many came more than 0.5 / 1 / 2 ms late, the latest, and the moments (monotonic seconds) of
+those past 1 ms, so stalls that hit every CPU at once (the hypervisor's) show as the same moments
+on each line. Then, per deadline, the first wake-up on any CPU: the floor of a responder with a
+thread on every CPU, which a stall of one CPU does not hold up but one of the whole machine does.
+Last, the ratio of wake-ups past 1 ms, busy against as is.
 
 Run as root:  .venv/bin/python benchmarks/wakeups.py [--seconds 20] [--busy 2] [--smoke]
 """
@@ -15,58 +18,74 @@ Run as root:  .venv/bin/python benchmarks/wakeups.py [--seconds 20] [--busy 2] [
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
+import subprocess
 import sys
-import time
+from dataclasses import dataclass
+from pathlib import Path
 
+from fabric_emu.kernel.compiled import build_cached
 from fabric_emu.ports.pfcd import REALTIME_PRIORITY
 from pause_load import busy_loops
 from smoke import parse_args
 
-SLEEP_S = 200e-6
+PERIOD_NS = 200_000
+SOURCE = Path(__file__).with_name("wakeup_probe.c")
+CACHE = Path("/var/lib/fabric-emu/benchmarks")
 
 
-def probe(cpu: int, seconds: float, out: "multiprocessing.Queue[tuple]") -> None:
-    os.sched_setaffinity(0, {cpu})
-    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(REALTIME_PRIORITY))
-    late_ns: list[int] = []
-    stalls: list[float] = []
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        t = time.monotonic_ns()
-        time.sleep(SLEEP_S)
-        late = time.monotonic_ns() - t - int(SLEEP_S * 1e9)
-        late_ns.append(late)
-        if late > 1_000_000:
-            stalls.append(round(time.monotonic(), 3))
-    out.put((cpu, len(late_ns), *(sum(x > ms * 1_000_000 for x in late_ns) for ms in (0.5, 1, 2)),
-             max(late_ns) / 1e6, stalls))
+@dataclass(frozen=True)
+class Lateness:
+    """Wake-ups (or deadlines), how many came more than 0.5 / 1 / 2 ms late, the latest."""
+    count: int
+    late: tuple[int, int, int]
+    worst_ms: float
+    moments: tuple[float, ...] = ()
 
 
-def measure(seconds: float, busy: int) -> list[tuple]:
-    """One row per CPU: (cpu, wake-ups, late > 0.5 ms, > 1 ms, > 2 ms, latest ms, stall moments)."""
+def parse_line(words: list[str]) -> Lateness:
+    """`... wakes|deadlines N late_0.5 A late_1 B late_2 C worst_ms X [at T ...]` after its label."""
+    at = words.index("at") if "at" in words else len(words)
+    return Lateness(int(words[1]), (int(words[3]), int(words[5]), int(words[7])), float(words[9]),
+                    tuple(float(t) for t in words[at + 1:]))
+
+
+def parse(out: str) -> tuple[dict[int, Lateness], Lateness]:
+    """The probe's output: per CPU, and the first wake-up on any CPU per deadline."""
+    per_cpu, first = {}, None
+    for line in out.splitlines():
+        words = line.split()
+        if words[:1] == ["cpu"]:
+            per_cpu[int(words[1])] = parse_line(words[2:])
+        elif words[:1] == ["first"]:
+            first = parse_line(words[1:])
+    if first is None or not per_cpu:
+        raise RuntimeError(f"wakeup_probe printed no results: {out!r}")
+    return per_cpu, first
+
+
+def measure(probe: Path, seconds: float, busy: int) -> tuple[dict[int, Lateness], Lateness]:
     loops = busy_loops(busy)
     try:
-        results: multiprocessing.Queue = multiprocessing.Queue()
-        procs = [multiprocessing.Process(target=probe, args=(cpu, seconds, results))
-                 for cpu in sorted(os.sched_getaffinity(0))]
-        for p in procs:
-            p.start()
-        rows = sorted(results.get() for _ in procs)
-        for p in procs:
-            p.join()
+        cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+        done = subprocess.run([str(probe), str(seconds), str(PERIOD_NS), str(REALTIME_PRIORITY), cpus],
+                              capture_output=True, text=True, timeout=seconds + 60, check=True)
     finally:
         for p in loops:
             p.terminate()
             p.wait()
-    return rows
+    if done.stderr.strip():
+        raise RuntimeError(f"wakeup_probe: {done.stderr.strip().splitlines()[0]}")
+    return parse(done.stdout)
 
 
-def report(name: str, rows: list[tuple]) -> None:
-    for cpu, n, half, one, two, worst, stalls in rows:
-        print(f"  {name:7s} cpu{cpu}: {n} wake-ups, late > 0.5 ms {half}, > 1 ms {one}, > 2 ms {two}, "
-              f"latest {worst:.2f} ms; past 1 ms at {' '.join(f'{t:.3f}' for t in stalls[:20]) or '-'}")
+def report(name: str, per_cpu: dict[int, Lateness], first: Lateness) -> None:
+    for cpu, r in sorted(per_cpu.items()):
+        print(f"  {name:7s} cpu{cpu}: {r.count} wake-ups, late > 0.5 ms {r.late[0]}, > 1 ms {r.late[1]}, "
+              f"> 2 ms {r.late[2]}, latest {r.worst_ms:.2f} ms; past 1 ms at "
+              f"{' '.join(f'{t:.3f}' for t in r.moments) or '-'}")
+    print(f"  {name:7s} first CPU awake: {first.count} deadlines, late > 0.5 ms {first.late[0]}, "
+          f"> 1 ms {first.late[1]}, > 2 ms {first.late[2]}, latest {first.worst_ms:.2f} ms")
 
 
 def main() -> None:
@@ -76,12 +95,15 @@ def main() -> None:
     args = parse_args(ap, seconds=1.0)
     if os.geteuid() != 0:
         sys.exit("run as root: the probes take a real-time priority")
-    print(f"real-time wake-ups after {SLEEP_S * 1e6:.0f} us sleeps, {args.seconds:g} s as is, "
+    probe = build_cached(SOURCE, CACHE, "wakeup_probe", "", lambda out: [
+        "clang", "-O2", "-Wall", "-Werror", "-pthread", str(SOURCE), "-o", str(out)])
+    print(f"real-time wake-ups at deadlines {PERIOD_NS / 1e3:.0f} us apart, {args.seconds:g} s as is, "
           f"then {args.seconds:g} s beside {args.busy} busy loop(s)")
-    idle, busy = measure(args.seconds, 0), measure(args.seconds, args.busy)
-    report("as is", idle)
-    report("busy", busy)
-    past = [sum(r[3] for r in rows) / max(1, sum(r[1] for r in rows)) for rows in (idle, busy)]
+    idle, busy = measure(probe, args.seconds, 0), measure(probe, args.seconds, args.busy)
+    report("as is", *idle)
+    report("busy", *busy)
+    past = [sum(r.late[1] for r in rows.values()) / max(1, sum(r.count for r in rows.values()))
+            for rows, _ in (idle, busy)]
     print(f"ratio busy/as is, share of wake-ups past 1 ms: {past[1] / past[0]:.2f}" if past[0]
           else f"ratio busy/as is, share of wake-ups past 1 ms: none as is, {past[1] * 1e3:.3f} per 1000 busy")
 

@@ -31,6 +31,7 @@ EXPECTED: dict[str, tuple[list[str], float]] = {
                            rf"this tree \+ scale-up {NUMBER}$"], 400),
     "machines": ([rf"^ratios split/whole: bring-up {NUMBER}, CPU per packet {NUMBER}, busbw {NUMBER}$"], 400),
     "wakeups": ([r"^  as is +cpu0: \d+ wake-ups, late > 0\.5 ms \d+", r"^  busy +cpu0: \d+ wake-ups",
+                 r"^  busy +first CPU awake: \d+ deadlines, late > 0\.5 ms \d+, > 1 ms \d+",
                  r"^ratio busy/as is, share of wake-ups past 1 ms: "], 60),
     "wire_cost": ([rf"the wire adds -?{NUMBER} us per packet; ratio wired/plain = {NUMBER}$"], 60),
     # Here only the userspace datapath (no openvswitch module); the lab VM has both.
