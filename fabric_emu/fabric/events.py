@@ -86,7 +86,7 @@ def failovers(fired: list[dict], link_changes: list[dict], dilation: float) -> l
     return out
 
 
-SetLink = Callable[[str, str, bool], None]  # (node, node, up): both ends of the link
+SetLink = Callable[[str, str, bool], "dict | None"]  # (node, node, up): both ends; what the record adds
 SetRate = Callable[[str, str, float], None]  # (node, node, modelled Gb/s)
 SetStorm = Callable[[str, bool], None]  # (host, storming)
 ControllerAction = Callable[[str], dict]  # stop | start | restart -> what happened (fabric.keeper)
@@ -139,7 +139,7 @@ class EventRunner:
                 try:
                     a, b = e.link.split("-")
                     if e.state:
-                        self.set_link(a, b, e.state == "up")
+                        row.update(self.set_link(a, b, e.state == "up") or {})
                     else:
                         self.set_rate(a, b, e.gbps)
                     row["ok"] = True

@@ -70,17 +70,21 @@ class RoutedFabric:
             time.sleep(0.1)
         raise RuntimeError("the controller did not set the DLB stage up (see logs/controller.log)")
 
-    def set_link(self, a: str, b: str, up: bool) -> None:
+    def set_link(self, a: str, b: str, up: bool) -> dict:
         """Cut the link between switches a and b, or mend it. Cut, its ports' egress programs drop
         what Open vSwitch still sends them and give the bytes back (marked before the link goes,
-        unmarked once it is back: no frame is charged to a link that cannot carry it)."""
+        unmarked once it is back: no frame is charged to a link that cannot carry it), and what
+        its queues and wire lost is given back once they are empty. Returns what the event
+        record adds: `given_back_bytes`, for a cut."""
         assert self.fabric is not None and self.ports is not None
         ends = [p.intf for p in self.plan.link_ends(a, b)]
-        if not up:
-            self.ports.cut_link(ends, True)
-        self.fabric.set_link(a, b, up)
         if up:
+            self.fabric.set_link(a, b, up)
             self.ports.cut_link(ends, False)
+            return {}
+        self.ports.cut_link(ends, True)
+        self.fabric.set_link(a, b, up)
+        return {"given_back_bytes": self.ports.give_back_cut(ends)}
 
     def down(self) -> list[str]:
         """Stop whatever was started; returns the problems met (the run record's clean follows)."""

@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # only for types: the PFC daemon imports this module and star
     from fabric_emu.ports.model import PortEnd
 
 SOURCE = Path(__file__).with_name("bpf") / "port.c"
+TC_ACT_OK = 0
 CACHE = Path("/var/lib/fabric-emu/bpf")
 BPFFS = Path("/sys/fs/bpf")
 PIN_ROOT = BPFFS / "fabric-emu"
@@ -95,6 +96,22 @@ class PortMaps:
         self._mem.close()
         for fd in (self.ports_fd, self.ifindex_fd, self.events_fd, self.pairs_fd):
             os.close(fd)
+
+
+def program_fd(pins: Path, name: str) -> int:
+    """A file descriptor of one of the run's loaded programs (the caller closes it)."""
+    return bpfsys.obj_get(str(pins / "progs" / name))
+
+
+def give_back(fd: int, in_id: int, out_id: int, nbytes: int) -> None:
+    """Credit `nbytes` of lossless bytes charged to ingress port in_id and the pair (in_id,
+    out_id), as their arrival at the far end would (bpf/port.c, give_back; fd: program_fd's)."""
+    while nbytes > 0:
+        n = min(nbytes, 0xFFFFFFFF)
+        ret, _ = bpfsys.prog_test_run(fd, bytes(14) + struct.pack("=III", in_id, out_id, n))
+        if ret != TC_ACT_OK:
+            raise RuntimeError(f"give_back: no port {out_id} or {in_id} in this run's map")
+        nbytes -= n
 
 
 def load(run_id: str) -> Path:

@@ -30,6 +30,7 @@ Protocol: prints READY once its sockets are open; SIGTERM or SIGINT ends it (exi
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import gc
 import json
@@ -56,7 +57,8 @@ from fabric_emu.ports.layout import EV_NIC_XOFF, EV_PFC_RX, EV_XOFF, EV_XON, NO_
 from fabric_emu.ports.watchdog import PortWatchdogs, clear_status
 from fabric_emu.kernel.shaping import IPRoutePool, link_index
 
-SIOCGIFFLAGS, IFF_UP, IFF_RUNNING = 0x8913, 0x1, 0x40
+SIOCGIFFLAGS, IFF_UP = 0x8913, 0x1
+SIOCETHTOOL, ETHTOOL_GLINK = 0x8946, 0x0A
 SOL_PACKET = 263
 PACKET_QDISC_BYPASS = 20
 LOSSLESS = queues.LOSSLESS
@@ -176,6 +178,8 @@ class Daemon:
         self.netlink = {ns: rtnl.netlink_socket(ns) for ns in namespaces}
         self.kick = {ns: _socket_in(ns, bypass=False) for ns in namespaces}
         self.tx = _socket_in(None, bypass=True)  # PFC frames: switch ports are in the root namespace
+        self._glink = ctypes.create_string_buffer(struct.pack("=II", ETHTOOL_GLINK, 0))  # _carrier's
+        self._glink_addr = ctypes.addressof(self._glink)
         with IPRoutePool() as pool:
             self.gates = {p.id: queues.Gate(self.netlink[p.netns], p.intf, link_index(pool.get(p.netns), p.intf),
                                             p.emulated_bps, p.mtu, p.lossless_fifo)
@@ -422,9 +426,16 @@ class Daemon:
         gates waited behind it. A switch port's frame to a port on this machine also takes
         effect here and now, as its upstream's MAC would on receipt: the frame still crosses
         (counted and captured there), but the gate no longer waits for it."""
+        if not quanta_list:
+            return
+        port = self.ports[port_id]
+        # A link taken down or cut carries no frame (a MAC without a link sends none): the peer's
+        # pause runs out, and a crossing has no pause to time. Switch ports only: a NIC's port
+        # is in its host's namespace, and its link is never cut.
+        if port.netns is None and not self._carrier(port):
+            self.crossed_at.pop(port_id, None)
+            return
         peer = paused_by(self.ports, {}, port_id) if port_id in self.senders else NO_PORT
-        if peer != NO_PORT and quanta_list and not self._carrier(self.ports[port_id]):
-            peer = NO_PORT  # a link taken down loses its frames: the peer's pause runs out
         for quanta in quanta_list:
             if peer != NO_PORT:
                 self._honour(peer, quanta, time.monotonic(), PauseFrame(port_id))
@@ -433,14 +444,19 @@ class Daemon:
                 self.crossed_at.pop(port_id, None)
 
     def _carrier(self, port: DaemonPort) -> bool:
-        """Whether a frame out of this switch port reaches its peer: the port up, with carrier
-        (a link event takes both ends down). One ioctl, no netlink round trip."""
+        """Whether a frame out of this switch port reaches its peer: the port up (a link taken
+        down) and with carrier (a link whose wire is cut). Two ioctls, no netlink round trip;
+        the carrier as the driver has it now (ETHTOOL_GLINK): IFF_RUNNING follows it only once
+        the kernel's link watch has run, up to a second later."""
+        name = port.intf.encode()
         try:
-            ifreq = fcntl.ioctl(self.tx.fileno(), SIOCGIFFLAGS, struct.pack("16sH22x", port.intf.encode(), 0))
+            ifreq = fcntl.ioctl(self.tx.fileno(), SIOCGIFFLAGS, struct.pack("16sH22x", name, 0))
+            if not struct.unpack_from("H", ifreq, 16)[0] & IFF_UP:
+                return False
+            fcntl.ioctl(self.tx.fileno(), SIOCETHTOOL, struct.pack("16sP16x", name, self._glink_addr))
         except OSError:  # the port is gone
             return False
-        flags = struct.unpack_from("H", ifreq, 16)[0]
-        return bool(flags & IFF_UP and flags & IFF_RUNNING)
+        return bool(struct.unpack_from("=II", self._glink)[1])
 
     def _flush(self) -> None:
         for port_id, quanta in self.outbox:

@@ -9,6 +9,7 @@ log), then the interfaces go with the fabric and the pinned maps with the run re
 from __future__ import annotations
 
 import json
+import os
 import select
 import signal
 import subprocess
@@ -31,6 +32,11 @@ from fabric_emu.kernel.shaping import IPRoutePool
 from fabric_emu.state.records import RunRecord
 
 READY_TIMEOUT_S = 20.0
+# A cut link's queue empties when the kernel purges it (its carrier went) or its closed gate's
+# pause runs out (no refresh comes over a cut link): well under a second at any shipped setting.
+CUT_QUEUE_TIMEOUT_S = 3.0
+CUT_POLL_S = 0.01
+CUT_SETTLE_S = 0.02
 
 
 class LosslessPorts:
@@ -214,6 +220,39 @@ class LosslessPorts:
         for e in self.ports.ends:
             if e.intf in intfs:
                 self.maps.table.set(e.id, "link_cut", int(cut))
+
+    def give_back_cut(self, intfs: list[str]) -> int:
+        """Once these switch ports' link is cut (wire down, link_cut set): wait for their queues
+        to empty (the kernel purges a queue whose carrier went; a closed gate holds its frames
+        until then), then give back the lossless bytes still charged to pairs whose egress is one
+        of them: frames lost in the queue or on the wire, which no program saw (bpf/port.c,
+        give_back). Returns those bytes; 0 if the queues did not empty in time or the link came
+        back meanwhile (then frames still queued will be sent, and credited where they arrive)."""
+        assert self.maps is not None
+        cut = {e.id: e.intf for e in self.ports.ends if e.intf in intfs}
+        deadline = time.monotonic() + CUT_QUEUE_TIMEOUT_S
+        with IPRoutePool() as pool:
+            while any(c.backlog_packets for intf in cut.values()
+                      for c in queues.class_stats(intf, pool=pool).values()):
+                if time.monotonic() > deadline:
+                    return 0
+                time.sleep(CUT_POLL_S)
+        time.sleep(CUT_SETTLE_S)  # frames sent just before the cut land, and are credited there
+        if not all(self.maps.table.get(port_id, "link_cut") for port_id in cut):
+            return 0
+        given = 0
+        fd = datapath.program_fd(self.pins, "give_back")
+        try:
+            for (in_id, out_id), n in self.maps.pairs().items():
+                if out_id in cut:
+                    datapath.give_back(fd, in_id, out_id, n)
+                    given += n
+        finally:
+            os.close(fd)
+        for port_id in cut:  # nothing is queued there now: what the programs count as queued was lost
+            for prio in range(NPRIO):
+                self.maps.table.set(port_id, "queue", 0, prio)
+        return given
 
     def traffic_starts(self, go: float) -> None:
         """Tell the daemon, at `go` (wall clock), that traffic starts: the watchdog's polls count

@@ -42,6 +42,12 @@ def victim(tmp_path_factory):
     return run_shipped(tmp_path_factory, "victim-flow")
 
 
+@pytest.fixture(scope="module")
+def cut_under_pause(tmp_path_factory):
+    """incast.yaml with leaf1-spine1 cut at 300 us, while PFC holds spine1's queue towards leaf1."""
+    return run_shipped(tmp_path_factory, "incast", "events=[{at: 300us, link: leaf1-spine1, state: down}]")
+
+
 def by_switch(rows: list[dict], key: str) -> dict[str, int]:
     out: dict[str, int] = {}
     for r in rows:
@@ -288,3 +294,22 @@ def test_the_pfc_watchdog_never_mistakes_an_incast_for_a_storm(fixture: str, req
     assert s["switch"]["pause_tx"] > 0 and s["pfcwd"]["polls"] > 0
     assert s["pfcwd"]["storms_detected"] == 0, s["pfcwd"]["episodes"]
     assert all(row["status"] == "operational" for row in read_csv(run_dir / "pfcwd.csv"))
+
+
+def test_a_link_cut_under_pause_gives_back_what_its_queue_held(cut_under_pause):
+    """The kernel purges the queue of a port whose carrier went, paused lossless frames and all,
+    and no program sees them go. Before, their bytes stayed charged to the spine port they came
+    in by (from leaf2), which paused leaf2's uplink for ever: the run stalled to its deadline
+    (`incomplete` after 75 s, 191,084 B still charged). Now the cut gives them back once the
+    queue is empty (bpf/port.c give_back), and the PFC daemon sends no frame into the dead link."""
+    run_dir, r = cut_under_pause
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = read_json(run_dir / "summary.json")
+    assert s["status"] == "ok" and s["fidelity"]["trusted"], s["fidelity"]
+    (cut,) = s["events"]
+    assert cut["ok"] and cut["given_back_bytes"] > 0, cut  # the queue held paused frames as it went
+    accounting = s["pfc_accounting"]
+    assert accounting["settled"] and accounting["held_bytes"] == 0 and accounting["queued_bytes"] == 0, accounting
+    assert accounting["over_credited_bytes"] == 0 and not accounting["negative_pairs"], accounting
+    assert all(f["rx_bytes"] == f["bytes"] for f in read_csv(run_dir / "flows.csv")), "a flow fell short"
+    assert s["transport"]["lost_packets"] > 0  # what the queue and the wire held, resent by RC

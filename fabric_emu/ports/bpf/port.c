@@ -734,4 +734,25 @@ int stitch_in(struct __sk_buff *skb)
 	return to ? bpf_redirect(*to, 0) : TC_ACT_SHOT;
 }
 
+/* What a cut link lost after Open vSwitch had sent it: frames in the port's egress queue (the
+ * kernel purges a queue whose carrier went) or on the wire as it went down. They left no trace
+ * but the pairs they were charged to. Attached nowhere: once a cut port's queue is empty,
+ * fabric_emu/ports/runtime.py runs it (BPF_PROG_TEST_RUN) for each (ingress, egress) pair the
+ * port still holds, with those bytes after an Ethernet header, and it credits them as an
+ * arrival at the far end would have (XON included), so no ingress stays charged for good. */
+struct give_back_args {
+	__u32 in_id, out_id, len;
+};
+
+SEC("tc")
+int give_back(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data, *end = (void *)(long)skb->data_end;
+	struct give_back_args *a = data + ETH_HLEN;
+
+	if ((void *)(a + 1) > end)
+		return TC_ACT_SHOT;
+	return credit_arrival(a->in_id, a->out_id, PRIO_LOSSLESS, a->len) ? TC_ACT_OK : TC_ACT_SHOT;
+}
+
 char LICENSE[] SEC("license") = "GPL";
