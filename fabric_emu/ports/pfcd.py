@@ -30,7 +30,6 @@ Protocol: prints READY once its sockets are open; SIGTERM or SIGINT ends it (exi
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import gc
 import json
@@ -57,8 +56,7 @@ from fabric_emu.ports.layout import EV_NIC_XOFF, EV_PFC_RX, EV_XOFF, EV_XON, NO_
 from fabric_emu.ports.watchdog import PortWatchdogs, clear_status
 from fabric_emu.kernel.shaping import IPRoutePool, link_index
 
-SIOCGIFFLAGS, IFF_UP = 0x8913, 0x1
-SIOCETHTOOL, ETHTOOL_GLINK = 0x8946, 0x0A
+SIOCGIFFLAGS, IFF_UP, IFF_RUNNING = 0x8913, 0x1, 0x40
 SOL_PACKET = 263
 PACKET_QDISC_BYPASS = 20
 LOSSLESS = queues.LOSSLESS
@@ -178,8 +176,6 @@ class Daemon:
         self.netlink = {ns: rtnl.netlink_socket(ns) for ns in namespaces}
         self.kick = {ns: _socket_in(ns, bypass=False) for ns in namespaces}
         self.tx = _socket_in(None, bypass=True)  # PFC frames: switch ports are in the root namespace
-        self._glink = ctypes.create_string_buffer(struct.pack("=II", ETHTOOL_GLINK, 0))  # _carrier's
-        self._glink_addr = ctypes.addressof(self._glink)
         with IPRoutePool() as pool:
             self.gates = {p.id: queues.Gate(self.netlink[p.netns], p.intf, link_index(pool.get(p.netns), p.intf),
                                             p.emulated_bps, p.mtu, p.lossless_fifo)
@@ -444,19 +440,19 @@ class Daemon:
                 self.crossed_at.pop(port_id, None)
 
     def _carrier(self, port: DaemonPort) -> bool:
-        """Whether a frame out of this switch port reaches its peer: the port up (a link taken
-        down) and with carrier (a link whose wire is cut). Two ioctls, no netlink round trip;
-        the carrier as the driver has it now (ETHTOOL_GLINK): IFF_RUNNING follows it only once
-        the kernel's link watch has run, up to a second later."""
-        name = port.intf.encode()
+        """Whether a frame out of this switch port reaches its peer: its link not cut (the
+        runner marks link_cut in the map before the wire goes down; IFF_RUNNING would follow
+        only once the kernel's link watch has run, up to a second later), the port up (a link
+        taken down) and running. One ioctl that takes no lock (an ethtool query would take the
+        RTNL, which every tc change needs too), no netlink round trip."""
+        if self.maps.table.get(port.id, "link_cut"):
+            return False
         try:
-            ifreq = fcntl.ioctl(self.tx.fileno(), SIOCGIFFLAGS, struct.pack("16sH22x", name, 0))
-            if not struct.unpack_from("H", ifreq, 16)[0] & IFF_UP:
-                return False
-            fcntl.ioctl(self.tx.fileno(), SIOCETHTOOL, struct.pack("16sP16x", name, self._glink_addr))
+            ifreq = fcntl.ioctl(self.tx.fileno(), SIOCGIFFLAGS, struct.pack("16sH22x", port.intf.encode(), 0))
         except OSError:  # the port is gone
             return False
-        return bool(struct.unpack_from("=II", self._glink)[1])
+        flags = struct.unpack_from("H", ifreq, 16)[0]
+        return bool(flags & IFF_UP and flags & IFF_RUNNING)
 
     def _flush(self) -> None:
         for port_id, quanta in self.outbox:
