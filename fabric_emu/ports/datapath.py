@@ -106,12 +106,11 @@ def program_fd(pins: Path, name: str) -> int:
 def give_back(fd: int, in_id: int, out_id: int, nbytes: int) -> None:
     """Credit `nbytes` of lossless bytes charged to ingress port in_id and the pair (in_id,
     out_id), as their arrival at the far end would (bpf/port.c, give_back; fd: program_fd's)."""
-    while nbytes > 0:
-        n = min(nbytes, 0xFFFFFFFF)
-        ret, _ = bpfsys.prog_test_run(fd, bytes(14) + struct.pack("=III", in_id, out_id, n))
-        if ret != TC_ACT_OK:
-            raise RuntimeError(f"give_back: no port {out_id} or {in_id} in this run's map")
-        nbytes -= n
+    # A pair holds at most a port's buffer (megabytes): one run, its length in the u32 field.
+    assert 0 < nbytes <= 0xFFFFFFFF, nbytes
+    ret, _ = bpfsys.prog_test_run(fd, bytes(14) + struct.pack("=III", in_id, out_id, nbytes))
+    if ret != TC_ACT_OK:  # credit_arrival fails only when the egress port has no entry
+        raise RuntimeError(f"give_back: no egress port {out_id} in this run's map")
 
 
 def load(run_id: str) -> Path:
