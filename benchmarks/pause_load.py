@@ -14,8 +14,16 @@ of all (pfc_reaction.slowest_ms); and how often the machine let the PFC daemon w
 tells a slow pause that the machine held back from one the daemon made slow. Then, without the busy loops, versus.py's quickstart CPU per
 packet for both sides (`--quickstart-rounds`, 0 to skip).
 
+`--probe` also runs benchmarks/wakeup_probe.c beside every run (both sides): one real-time
+thread per CPU, above the PFC daemon's priority, waking every 250 us and recording when each
+CPU could not run it. For each pause of this tree's runs that took more than 1 ms
+(summary.json pfc_reaction.late, which keeps the slowest ten of a run) it prints how long each CPU was
+held during the pause and what the daemon was doing, then how many such pauses had every CPU
+held (a stall no design on this machine escapes), one CPU held and another free (a responder
+able to run on any CPU could have served it), or none.
+
 Run as root:  .venv/bin/python benchmarks/pause_load.py [--rev HEAD~1] [--runs 20] [--busy 2]
-              [--quickstart-rounds 1] [--smoke]
+              [--quickstart-rounds 1] [--probe] [--smoke]
 (--smoke: HEAD against HEAD, one run each, no quickstart.)
 """
 
@@ -34,17 +42,32 @@ from pathlib import Path
 import yaml
 
 import versus  # benchmarks/versus.py (benchmarks are scripts, not a package)
+from fabric_emu.ports.pfcd import REALTIME_PRIORITY
 from smoke import parse_args
 
 REPO = Path(__file__).resolve().parents[1]
 WITHIN_S = 1e-3
+PROBE_PERIOD_NS = 250_000
+HELD_SHARE = 0.5  # a CPU held for at least this share of a pause counts as held during it
 
 
-def incast(src: Path, out: Path) -> dict:
-    """One incast run from the tree at src: its slowest pause, headroom time and overruns."""
-    done = subprocess.run([sys.executable, "-m", "fabric_emu", "run", str(src / "experiments/incast.yaml"),
+def incast(src: Path, out: Path, probe: Path | None = None) -> dict:
+    """One incast run from the tree at src: its slowest pause, headroom time and overruns;
+    with `probe`, the probe's per-CPU stalls beside it."""
+    stalls_file = out.with_name(out.name + ".stalls")
+    beside = None
+    if probe is not None:
+        cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+        beside = subprocess.Popen([str(probe), "3600", str(PROBE_PERIOD_NS), str(REALTIME_PRIORITY + 1), cpus,
+                                   str(stalls_file)], stdout=subprocess.DEVNULL)
+    try:
+        done = subprocess.run([sys.executable, "-m", "fabric_emu", "run", str(src / "experiments/incast.yaml"),
                            "--out", str(out)], cwd=src, env={**os.environ, "PYTHONPATH": str(src)},
-                          capture_output=True, text=True)
+                              capture_output=True, text=True)
+    finally:
+        if beside is not None:
+            beside.send_signal(signal.SIGTERM)
+            beside.wait()
     runs = list((out / "incast").iterdir()) if (out / "incast").is_dir() else []
     if not runs or not (runs[0] / "summary.json").exists():
         return {"failed": (done.stderr or done.stdout).strip().splitlines()[-1:]}
@@ -57,7 +80,40 @@ def incast(src: Path, out: Path) -> dict:
             "longest_call_ms": reaction.get("longest_call_ms"), "late_wake": reaction.get("late_wake"),
             "pauses": reaction.get("pauses_measured", 0),
             "headroom_s": spec["pfc"]["headroom"] * 8 / (gbps * 1e9) * s["dilation"],
-            "overruns": s["switch"].get("headroom_overruns", 0), "status": s.get("status")}
+            "overruns": s["switch"].get("headroom_overruns", 0), "status": s.get("status"),
+            "late": reaction.get("late"), "stalls": read_stalls(stalls_file) if probe is not None else None}
+
+
+def read_stalls(path: Path) -> dict[int, list[tuple[int, int]]]:
+    """The probe's file: per CPU, the (deadline, woke) ns of its wake-ups more than 0.3 ms late."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    for line in path.read_text().splitlines() if path.exists() else []:
+        cpu, deadline, woke = map(int, line.split())
+        out.setdefault(cpu, []).append((deadline, woke))
+    return out
+
+
+def held_ms(stalls: list[tuple[int, int]], start_ns: int, end_ns: int) -> float:
+    """How long one CPU could not run the probe between start and end."""
+    return sum(max(0, min(woke, end_ns) - max(deadline, start_ns)) for deadline, woke in stalls) / 1e6
+
+
+def attribute(rows: list[dict], cpus: list[int]) -> None:
+    """Per late pause of these runs: each CPU's time held during it, the daemon's long calls;
+    then the tally by what the CPUs were doing."""
+    tally = {"every CPU held": 0, "one CPU held, another free": 0, "no CPU held": 0}
+    for r in rows:
+        for p in (r.get("late") or {}).get("slowest", []):
+            start, end = p["at_monotonic_ns"], p["at_monotonic_ns"] + int(p["ms"] * 1e6)
+            held = {c: held_ms(r["stalls"].get(c, []), start, end) for c in cpus}
+            n_held = sum(h >= HELD_SHARE * p["ms"] for h in held.values())
+            kind = ("no CPU held" if n_held == 0 else "every CPU held" if n_held == len(cpus)
+                    else "one CPU held, another free")
+            tally[kind] += 1
+            calls = ", ".join(f"{k} {a:+.2f}..{b:+.2f}" for k, a, b in p["daemon_ms"]) or "none over 0.3 ms"
+            print(f"  {'':10s} {p['ms']:6.2f} ms {p['stages_ms']}  held: "
+                  f"{', '.join(f'cpu{c} {h:.2f} ms' for c, h in held.items())}  daemon: {calls}")
+    print(f"  {'':10s} late pauses by CPU: " + "; ".join(f"{k} {n}" for k, n in tally.items()))
 
 
 def busy_loops(n: int) -> list[subprocess.Popen]:
@@ -108,6 +164,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=20, help="incast runs per side")
     ap.add_argument("--busy", type=int, default=2, help="busy loops beside the runs")
     ap.add_argument("--quickstart-rounds", type=int, default=1, help="versus.py rounds (0: skip)")
+    ap.add_argument("--probe", action="store_true", help="each CPU's stalls beside the runs, per late pause")
     args = parse_args(ap, rev="HEAD", runs=1, quickstart_rounds=0)
     if os.geteuid() != 0:
         sys.exit("run as root: it builds fabrics")
@@ -115,11 +172,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         old = versus.extract(args.rev, Path(tmp) / "old")
         results: dict[str, list[dict]] = {"earlier": [], "this tree": []}
+        probe = None
+        if args.probe:
+            from wakeups import build_probe  # wakeups imports this module: not at the top
+            probe = build_probe()
         loops = busy_loops(args.busy)
         try:
             for i in range(args.runs):
-                results["earlier"].append(incast(old, Path(tmp) / f"old-{i}"))
-                results["this tree"].append(incast(REPO, Path(tmp) / f"new-{i}"))
+                results["earlier"].append(incast(old, Path(tmp) / f"old-{i}", probe))
+                results["this tree"].append(incast(REPO, Path(tmp) / f"new-{i}", probe))
         finally:
             for p in loops:
                 p.send_signal(signal.SIGTERM)
@@ -127,6 +188,9 @@ def main() -> None:
         print(f"incast with {args.busy} busy loop(s), {args.runs} run(s) each, alternating, earlier = {args.rev}")
         for name, rows in results.items():
             report(name, rows)
+        if probe is not None:
+            print(f"  this tree's pauses over 1 ms, beside a probe waking every CPU every {PROBE_PERIOD_NS / 1e3:.0f} us:")
+            attribute([r for r in results["this tree"] if r.get("stalls") is not None], sorted(os.sched_getaffinity(0)))
         if args.quickstart_rounds:
             cpu = {"earlier": [], "this tree": []}
             for i in range(args.quickstart_rounds):

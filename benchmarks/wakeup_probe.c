@@ -6,7 +6,11 @@
 // wake-up on any CPU at or past it: how late the earliest CPU was, the floor of a responder
 // with one thread per CPU, where a thread on a CPU the machine holds up is not needed.
 //
-// usage: wakeup_probe SECONDS PERIOD_NS PRIORITY CPU[,CPU...]
+// usage: wakeup_probe SECONDS PERIOD_NS PRIORITY CPU[,CPU...] [STALLS_FILE]
+// STALLS_FILE: also write there every wake-up more than 0.3 ms late, one line each,
+//   `CPU DEADLINE_NS WOKE_NS` (CLOCK_MONOTONIC): when each CPU could not run the probe, to line
+//   up with other stamps of the same clock (benchmarks/pause_load.py --probe). SIGTERM ends the
+//   probe early, results printed as usual.
 // prints one line per CPU,
 //   cpu N wakes W late_0.5 A late_1 B late_2 C worst_ms X at T1 T2 ...   (T: moments past 1 ms)
 // then
@@ -15,6 +19,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,16 +27,21 @@
 
 #define MAX_CPUS 64
 #define MAX_MOMENTS 20
+#define MAX_STALLS 100000
+#define STALL_NS 300000
 
 struct cpu_stats {
     int cpu;
     long long wakes, late[3], worst;  // late past 0.5, 1 and 2 ms
     double moments[MAX_MOMENTS];
     int n_moments;
+    long long (*stalls)[2];  // (deadline, woke) of wake-ups past STALL_NS, when a file wants them
+    long long n_stalls;
 };
 
 static const long long LIMITS[3] = {500000, 1000000, 2000000};
-static long long start_ns, end_ns, period_ns, n_deadlines;
+static long long start_ns, period_ns, n_deadlines;
+static volatile long long end_ns;  // SIGTERM brings it forward
 static long long *first_wake;  // per deadline: the earliest wake-up at or past it, any CPU
 static int priority;
 
@@ -75,6 +85,10 @@ static void *probe(void *arg) {
         count(late, s->late, &s->worst);
         if (late > LIMITS[1] && s->n_moments < MAX_MOMENTS)
             s->moments[s->n_moments++] = woke / 1e9;
+        if (s->stalls && late > STALL_NS && s->n_stalls < MAX_STALLS) {
+            s->stalls[s->n_stalls][0] = deadline;
+            s->stalls[s->n_stalls++][1] = woke;
+        }
         long long upto = (woke - start_ns) / period_ns;
         if (upto >= n_deadlines)
             upto = n_deadlines - 1;
@@ -86,18 +100,24 @@ static void *probe(void *arg) {
     return NULL;
 }
 
+static void end_now(int sig) {
+    (void)sig;
+    end_ns = 0;
+}
+
 int main(int argc, char **argv) {
-    if (argc != 5) {
-        fprintf(stderr, "usage: %s SECONDS PERIOD_NS PRIORITY CPU[,CPU...]\n", argv[0]);
+    if (argc != 5 && argc != 6) {
+        fprintf(stderr, "usage: %s SECONDS PERIOD_NS PRIORITY CPU[,CPU...] [STALLS_FILE]\n", argv[0]);
         return 2;
     }
+    signal(SIGTERM, end_now);
     double seconds = atof(argv[1]);
     period_ns = atoll(argv[2]);
     priority = atoi(argv[3]);
     struct cpu_stats stats[MAX_CPUS];
     int n = 0;
     for (char *tok = strtok(argv[4], ","); tok && n < MAX_CPUS; tok = strtok(NULL, ","))
-        stats[n++] = (struct cpu_stats){.cpu = atoi(tok)};
+        stats[n++] = (struct cpu_stats){.cpu = atoi(tok), .stalls = argc == 6 ? malloc(MAX_STALLS * sizeof *stats[0].stalls) : NULL};
     n_deadlines = (long long)(seconds * 1e9 / period_ns) + 1;
     first_wake = malloc(n_deadlines * sizeof *first_wake);
     if (!first_wake || n == 0 || period_ns <= 0)
@@ -111,6 +131,17 @@ int main(int argc, char **argv) {
         pthread_create(&threads[i], NULL, probe, &stats[i]);
     for (int i = 0; i < n; i++)
         pthread_join(threads[i], NULL);
+    if (argc == 6) {
+        FILE *f = fopen(argv[5], "w");
+        if (!f) {
+            perror(argv[5]);
+            return 1;
+        }
+        for (int i = 0; i < n; i++)
+            for (long long k = 0; k < stats[i].n_stalls; k++)
+                fprintf(f, "%d %lld %lld\n", stats[i].cpu, stats[i].stalls[k][0], stats[i].stalls[k][1]);
+        fclose(f);
+    }
     for (int i = 0; i < n; i++) {
         struct cpu_stats *s = &stats[i];
         printf("cpu %d wakes %lld late_0.5 %lld late_1 %lld late_2 %lld worst_ms %.3f at", s->cpu, s->wakes,

@@ -88,6 +88,11 @@ def report(name: str, per_cpu: dict[int, Lateness], first: Lateness) -> None:
           f"> 1 ms {first.late[1]}, > 2 ms {first.late[2]}, latest {first.worst_ms:.2f} ms")
 
 
+def build_probe() -> Path:
+    return build_cached(SOURCE, CACHE, "wakeup_probe", "", lambda out: [
+        "clang", "-O2", "-Wall", "-Werror", "-pthread", str(SOURCE), "-o", str(out)])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=20.0, help="each phase")
@@ -95,8 +100,7 @@ def main() -> None:
     args = parse_args(ap, seconds=1.0)
     if os.geteuid() != 0:
         sys.exit("run as root: the probes take a real-time priority")
-    probe = build_cached(SOURCE, CACHE, "wakeup_probe", "", lambda out: [
-        "clang", "-O2", "-Wall", "-Werror", "-pthread", str(SOURCE), "-o", str(out)])
+    probe = build_probe()
     print(f"real-time wake-ups at deadlines {PERIOD_NS / 1e3:.0f} us apart, {args.seconds:g} s as is, "
           f"then {args.seconds:g} s beside {args.busy} busy loop(s)")
     idle, busy = measure(probe, args.seconds, 0), measure(probe, args.seconds, args.busy)

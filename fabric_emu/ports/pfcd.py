@@ -51,6 +51,7 @@ from fabric_emu.cc.pfc import MAX_QUANTA, RECONCILE_S, PauseReceiver, PauseSende
 from fabric_emu.cc.pfcwd import Timers
 from fabric_emu.kernel import bpfsys, rtnl
 from fabric_emu.ports import queues
+from fabric_emu.ports import late_pauses
 from fabric_emu.ports.datapath import PortMaps
 from fabric_emu.ports.layout import EV_NIC_XOFF, EV_PFC_RX, EV_XOFF, EV_XON, NO_PORT, Event
 from fabric_emu.ports.watchdog import PortWatchdogs, clear_status
@@ -192,6 +193,7 @@ class Daemon:
         self.longest_ns = {"frame": 0, "gate": 0, "loop": 0}
         self.frames_sent = self.frames_received = self.events = 0
         self.late_wakes = LateWakes()
+        self.late_pauses = late_pauses.LatePauses()
         self.next_reconcile = 0.0
         self.errors: list[str] = []
         self.outbox: list[tuple[int, int]] = []  # (port, quanta): frames to send this round
@@ -473,6 +475,7 @@ class Daemon:
     def _took(self, what: str, start_ns: int) -> int:
         now_ns = time.monotonic_ns()
         self.longest_ns[what] = max(self.longest_ns[what], now_ns - start_ns)
+        self.late_pauses.call(what, start_ns, now_ns)
         return now_ns
 
     def _tx_socket(self, port: DaemonPort) -> socket.socket:
@@ -500,6 +503,7 @@ class Daemon:
             if crossed is not None:
                 split = split_reaction(crossed, (frame.seen_ns, frame.handled_ns), now_ns)
                 self.reactions_s.append(split["total_s"])
+                self.late_pauses.pause(crossed[0], now_ns, split)
                 if split["total_s"] > self.worst_split.get("total_s", -1.0):
                     self.worst_split = split
                 self.stage_max = max_by_stage(self.stage_max, split)
@@ -547,7 +551,7 @@ class Daemon:
         return {"intervals": self.intervals, "reaction_s": self.reactions_s,
                 "worst_reaction": self.worst_split, "stage_max": self.stage_max,
                 "longest_call_ms": {k: round(v / 1e6, 3) for k, v in self.longest_ns.items()},
-                "late_wake": self.late_wakes.report(),
+                "late_wake": self.late_wakes.report(), "late_pauses": self.late_pauses.report(),
                 "frames_sent": self.frames_sent, "frames_received": self.frames_received,
                 "events": self.events, "errors": self.errors[:20],
                 "events_lost": events_lost, "watchdog": watchdog,
@@ -663,7 +667,7 @@ def merge_stats(parts: list[dict]) -> dict:
     return {"intervals": union("intervals") or {}, "reaction_s": [r for p in parts for r in p.get("reaction_s", [])],
             "worst_reaction": max(worst, key=lambda w: w.get("total_s", 0.0)) if worst else {},
             "stage_max": most("stage_max"), "longest_call_ms": most("longest_call_ms"),
-            "late_wake": merge_late_wakes(parts),
+            "late_wake": merge_late_wakes(parts), "late_pauses": late_pauses.merge(parts),
             **{k: sum(p.get(k, 0) for p in parts) for k in ("frames_sent", "frames_received", "events", "events_lost")},
             "errors": [e for p in parts for e in p.get("errors", [])][:20],
             "watchdog": None, "storms": [s for p in parts for s in p.get("storms", [])],

@@ -61,6 +61,8 @@ def reaction_summary(daemon: dict, dilation: float) -> dict | None:
         out["longest_call_ms"] = daemon["longest_call_ms"]
     if daemon.get("late_wake"):  # how late the daemon woke for its own timers: this machine's stalls
         out["late_wake"] = daemon["late_wake"]
+    if (daemon.get("late_pauses") or {}).get("count"):  # the pauses past 1 ms, with what the daemon was doing
+        out["late"] = daemon["late_pauses"]
     if daemon.get("gc_full"):  # the daemon's full garbage collections while it served pauses
         out["gc_full"] = daemon["gc_full"]
     stages = daemon.get("stage_max")

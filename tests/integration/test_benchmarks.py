@@ -24,8 +24,10 @@ EXPECTED: dict[str, tuple[list[str], float]] = {
     "lb_modes": ([rf"^  {mode} +mean .* cut vs ECMP .* vs alone {NUMBER}x  ok 1/1"
                   for mode in ("ecmp", "spray", "dlb")], 400),
     "program_driver": ([rf"ratio program/ring driver: NIC per packet {NUMBER}$"], 300),
-    "pause_load": ([rf"^  {side:10s} slowest pause max +{NUMBER} ms  median +{NUMBER} ms  runs <= 1 ms [01]/1 "
-                    for side in ("earlier", "this tree")], 300),
+    "pause_load --probe": ([rf"^  {side:10s} slowest pause max +{NUMBER} ms  median +{NUMBER} ms  runs <= 1 ms [01]/1 "
+                            for side in ("earlier", "this tree")]
+                           + [r"^ +late pauses by CPU: every CPU held \d+; one CPU held, another free \d+; no CPU held \d+$"],
+                           300),
     "versus": ([rf"ratios this/earlier: OVS per packet {NUMBER}, NIC per packet {NUMBER}$"], 300),
     "versus --scale-up": ([rf"NIC CPU per fabric packet / earlier: this tree {NUMBER}, "
                            rf"this tree \+ scale-up {NUMBER}$"], 400),
