@@ -204,8 +204,9 @@ class ClusterFabric:
         jobs = {}
         for m in self.machines:
             mine = [n for n, where in at.items() if where == m.name]
-            stitches = [Stitch(*stitch_names(vnis[frozenset((ln.a_intf, ln.b_intf))])) for ln in self.placement.cut
-                        if m.name in (at[ln.a], at[ln.b])]
+            stitches = [Stitch(*stitch_names(vnis[frozenset((ln.a_intf, ln.b_intf))]),
+                               port=ln.a_intf if at[ln.a] == m.name else ln.b_intf)
+                        for ln in self.placement.cut if m.name in (at[ln.a], at[ln.b])]
             jobs[m.name] = MachineJob(
                 run_id=self.run_id, machine=m.name, plan=self.plan.to_dict(), machine_of=self.placement.machine_of,
                 host_pids={h: self.net.get(h).pid for h in mine if h in self.plan.host_by_name},

@@ -16,10 +16,12 @@ from pathlib import Path
 
 @dataclass
 class Stitch:
-    """A cut link's end on this machine: its stitch end and its VXLAN device (fabric_emu.fabric.stitch_link.stitch_names)."""
+    """A cut link's end on this machine: its stitch end and its VXLAN device (fabric_emu.fabric.stitch_link.stitch_names),
+    and the port here whose veth peer the stitch end is."""
 
     stitch: str
     vxlan: str
+    port: str = ""
 
 
 @dataclass

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
@@ -37,6 +38,23 @@ READY_TIMEOUT_S = 20.0
 CUT_QUEUE_TIMEOUT_S = 3.0
 CUT_POLL_S = 0.01
 CUT_SETTLE_S = 0.02
+
+# The lossless accounting as read: signed bytes per switch port, and per (ingress, egress) pair.
+Charges = tuple[dict[str, int], dict[tuple[str, str], int]]
+
+
+def settled_charges(read: Callable[[], Charges], timeout_s: float = 1.0, step_s: float = 0.1) -> dict:
+    """The lossless accounting once two readings step_s apart agree (what was in flight has
+    landed), or the last reading after timeout_s: summary.json's `pfc_accounting`. read: this
+    machine's ports (LosslessPorts.charges), or every machine's of a split fabric."""
+    last, deadline = read(), time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(step_s)
+        now = read()
+        if now == last:
+            return charge_audit(*now, settled=True)
+        last = now
+    return charge_audit(*last, settled=False)
 
 
 class LosslessPorts:
@@ -334,7 +352,7 @@ class LosslessPorts:
         # Without a pause there is no wait: the pair map (a bpf(2) call per pair) is left alone.
         return waits_from_pairs(self.maps.pairs() if paused else {}, names, paused)
 
-    def charges(self) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
+    def charges(self) -> Charges:
         """The lossless accounting now (fabric_emu.cc.charges): signed bytes charged per switch
         port, and per (ingress, egress) switch port, by interface name."""
         assert self.maps is not None
@@ -344,17 +362,9 @@ class LosslessPorts:
         pairs = {(intf[i], intf[o]): n for (i, o), n in self.maps.pairs(signed=True).items() if i in intf and o in intf}
         return held, pairs
 
-    def settled_charges(self, timeout_s: float = 1.0, step_s: float = 0.1) -> dict:
-        """The accounting once two readings step_s apart agree (what was in flight has landed),
-        or the last reading after timeout_s: summary.json's `pfc_accounting`."""
-        last, deadline = self.charges(), time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            time.sleep(step_s)
-            now = self.charges()
-            if now == last:
-                return charge_audit(*now, settled=True)
-            last = now
-        return charge_audit(*last, settled=False)
+    def settled_charges(self) -> dict:
+        """summary.json's `pfc_accounting` (settled_charges below)."""
+        return settled_charges(self.charges)
 
     @cached_property
     def _switch_port_names(self) -> dict[int, tuple[str, str]]:

@@ -9,10 +9,14 @@ machine's nodes (fabric_emu.fabric.machines.MachineAgents), and torn down by it.
             COUNTERS   -> one line of JSON: every port's program counters here, by interface
             SNAPSHOT   -> {"rows": [its switch ports' PortCounters], "ports": the COUNTERS}
             THRESHOLDS -> the thresholds its switch ports run with (LosslessPorts.installed)
+            CHARGES    -> {"held": {port: bytes}, "pairs": [[ingress, egress, bytes], ...]}: its
+                          switch ports' lossless accounting now (LosslessPorts.charges; a frame
+                          leaving for another machine is credited here, as it leaves)
             CPU_START  -> OK: its CPU monitor starts (the machine, ovs-vswitchd, its PFC daemon and
                           the NIC engines running from its folder); CPU_STOP -> its summary
             LINK <interface> up|down, RATE <interface> <Gb/s>, STORM <host> on|off -> OK: a
-                          scheduled event on a port or NIC of this machine's
+                          scheduled event on a port or NIC of this machine's; a switch port's
+                          LINK down across machines answers OK <bytes given back>
             CAPTURE_START <CaptureSpec as JSON, of this machine's ports> -> OK: its tcpdumps
             CAPTURE_STOP -> the pcap files here, stopped and closed (the head fetches them)
             STOP     -> the ports torn down, then STOPPED <the PFC daemon's stats as JSON>; exit
@@ -43,7 +47,7 @@ from fabric_emu.kernel.shaping import open_iproute
 from fabric_emu.measure import counters
 from fabric_emu.measure.fidelity import CpuMonitor
 from fabric_emu.ports import datapath, queues
-from fabric_emu.ports.model import port_plan_from_args, remote_peers, share_of
+from fabric_emu.ports.model import PortEnd, port_plan_from_args, remote_peers, share_of
 from fabric_emu.ports.runtime import LosslessPorts
 from fabric_emu.spec.events import CaptureSpec
 from fabric_emu.state.cleanup import clean_record
@@ -68,6 +72,7 @@ class MachineShare:
         self.workdir: Path | None = None  # the share's folder (the machine's NIC engines write there too)
         self.cpu: CpuMonitor | None = None
         self.captures: Captures | None = None
+        self.stitch_of = {s.port: s.stitch for s in job.stitches if s.port}  # a cut link's port -> its stitch end
 
     def up(self) -> None:
         rec = self.record
@@ -101,6 +106,12 @@ class MachineShare:
         ports = self.counters()
         mine = {e.node for e in self.ports.ends if e.role == "switch"}
         return {"rows": [asdict(r) for r in counters.snapshot(self.plan, ports, mine)], "ports": ports}
+
+    def charges(self) -> dict:
+        if self.lossless is None or self.lossless.maps is None:
+            return {"held": {}, "pairs": []}
+        held, pairs = self.lossless.charges()
+        return {"held": held, "pairs": [[a, b, n] for (a, b), n in sorted(pairs.items())]}
 
     def thresholds(self) -> list[dict]:
         return self.lossless.installed() if self.lossless is not None else []
@@ -137,8 +148,7 @@ class MachineShare:
         if command == "LINK":
             if args[1] not in ("up", "down"):
                 raise ValueError(f"LINK: state must be up or down, not {args[1][:10]!r}")
-            with open_iproute(self.netns_of[intfs[args[0]].node]) as ipr:
-                ipr.link("set", index=ipr.link_lookup(ifname=args[0])[0], state=args[1])
+            return self._set_link(intfs[args[0]], args[1] == "up")
         elif command == "RATE":
             end = intfs[args[0]]
             queues.set_link_rate(end.intf, float(args[1]) * 1e9 / self.plan.dilation, self.plan.mtu,
@@ -148,6 +158,26 @@ class MachineShare:
                 raise ValueError("STORM: <host> on|off")
             self.lossless.set_storm(args[0], args[1] == "on")
         return "OK"
+
+    def _set_link(self, end: PortEnd, up: bool) -> str:
+        """One end of a link down or up. A switch port's link to another machine is cut as a
+        cable is, as on one machine (RoutedFabric.set_link): its stitch end goes down, so the port
+        loses its carrier but stays up; marked cut first, its egress program drops and gives back
+        what Open vSwitch still sends it, and what its queue held is given back once the kernel
+        has purged it (LosslessPorts.give_back_cut). Answers OK, with those bytes for a cut.
+        Any other end is taken down itself."""
+        stitch = self.stitch_of.get(end.intf) if end.role == "switch" and self.lossless is not None else None
+        if stitch is not None and not up:
+            self.lossless.cut_link([end.intf], True)
+        with open_iproute(self.netns_of[end.node]) as ipr:
+            name = stitch or end.intf
+            ipr.link("set", index=ipr.link_lookup(ifname=name)[0], state="up" if up else "down")
+        if stitch is None:
+            return "OK"
+        if up:
+            self.lossless.cut_link([end.intf], False)
+            return "OK"
+        return f"OK {self.lossless.give_back_cut([end.intf])}"
 
     def capture_start(self, spec_json: str) -> str:
         spec = CaptureSpec.model_validate_json(spec_json)
@@ -198,6 +228,7 @@ def serve(stdin=sys.stdin, stdout=sys.stdout) -> int:
         share.up()
         say(f"READY {share.workdir}")
         answers = {"COUNTERS": share.counters, "SNAPSHOT": share.snapshot, "THRESHOLDS": share.thresholds,
+                   "CHARGES": share.charges,
                    "CPU_START": share.cpu_start, "CPU_STOP": share.cpu_stop, "CAPTURE_STOP": share.capture_stop}
         for line in stdin:
             command, _, rest = line.strip().partition(" ")

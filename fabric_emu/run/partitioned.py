@@ -23,13 +23,14 @@ from functools import partial
 from pathlib import Path
 
 from fabric_emu.fabric.cluster import ClusterFabric
-from fabric_emu.fabric.machines import Machine, ssh_run
+from fabric_emu.fabric.machines import Machine, MachineAgents, ssh_run
 from fabric_emu.fabric.underlay import Underlay, check_underlay, preflight
 from fabric_emu.fabric.controller import ControllerProcess, start_controller
 from fabric_emu.measure import counters
 from fabric_emu.measure.fidelity import CpuMonitor, merge_machine_cpu
 from fabric_emu.ports.model import port_args
 from fabric_emu.ports.pfcd import merge_stats
+from fabric_emu.ports.runtime import Charges, settled_charges
 from fabric_emu.run.runner import READY_TIMEOUT_S, Interrupted, Runner, keep_logs
 from fabric_emu.state.cleanup import clean_record
 from fabric_emu.state.records import RunRecord
@@ -151,9 +152,14 @@ class PartitionedRunner(Runner):
     def _ends(self, a: str, b: str) -> list[tuple[str, str]]:
         return [(self.cluster.placement.machine_of[p.node], p.intf) for p in self.plan.link_ends(a, b)]
 
-    def _set_link(self, a: str, b: str, up: bool) -> None:
-        for machine, intf in self._ends(a, b):  # both ends, as a cut cable
-            self.cluster.agents.ask_one(machine, f"LINK {intf} {'up' if up else 'down'}")
+    def _set_link(self, a: str, b: str, up: bool) -> dict:
+        """Both ends, as a cut cable; a cut's record gets what the ends' machines gave back of
+        their queues (fabric_emu.run.machine, LINK)."""
+        given = 0
+        for machine, intf in self._ends(a, b):
+            answer = self.cluster.agents.ask_one(machine, f"LINK {intf} {'up' if up else 'down'}").split()
+            given += int(answer[1]) if len(answer) > 1 else 0
+        return {} if up else {"given_back_bytes": given}
 
     def _set_rate(self, a: str, b: str, gbps: float) -> None:
         for machine, intf in self._ends(a, b):
@@ -204,6 +210,7 @@ class PartitionedRunner(Runner):
             raise cut_short
         machine_cpu = agents_of.ask("CPU_STOP") if started else {}
         rows_after, ports_after = self._snapshot()
+        charges = settled_charges(partial(self._charges, agents_of)) if self.spec.pfc.enabled else None
         ports = counters.delta(rows_after, rows_before)
         ttl = (lb_state or {}).get("ttl_expired", {})
         for row in ports:
@@ -216,9 +223,21 @@ class PartitionedRunner(Runner):
             "cpu": merge_machine_cpu({"head": head_cpu.summary(), **machine_cpu}),
             "traffic_start": t, "thresholds": [r for rows in agents_of.ask("THRESHOLDS").values() for r in rows],
             "nics": counters.nic_totals(self.plan, ports_before, ports_after), "ended_monotonic": ended_monotonic,
+            "charges": charges,
         }
         if cut_short is not None:
             raise cut_short
+
+    @staticmethod
+    def _charges(agents_of: MachineAgents) -> Charges:
+        """Every machine's lossless accounting as one: each credits a frame as it leaves for
+        another machine, so a port's bytes are all on its own machine."""
+        held: dict[str, int] = {}
+        pairs: dict[tuple[str, str], int] = {}
+        for part in agents_of.ask("CHARGES").values():
+            held.update(part["held"])
+            pairs.update({(a, b): n for a, b, n in part["pairs"]})
+        return held, pairs
 
     def _machines_section(self, cpu: dict[str, dict]) -> dict:
         """summary.json's `machines`: where everything ran, the links between machines, and each
