@@ -21,7 +21,7 @@ class Stitch:
 
     stitch: str
     vxlan: str
-    port: str = ""
+    port: str
 
 
 @dataclass

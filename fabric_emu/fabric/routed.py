@@ -78,13 +78,8 @@ class RoutedFabric:
         record adds: `given_back_bytes`, for a cut."""
         assert self.fabric is not None and self.ports is not None
         ends = [p.intf for p in self.plan.link_ends(a, b)]
-        if up:
-            self.fabric.set_link(a, b, up)
-            self.ports.cut_link(ends, False)
-            return {}
-        self.ports.cut_link(ends, True)
-        self.fabric.set_link(a, b, up)
-        return {"given_back_bytes": self.ports.give_back_cut(ends)}
+        given = self.ports.switch_link(ends, up, lambda on: self.fabric.set_link(a, b, on))
+        return {} if up else {"given_back_bytes": given}
 
     def down(self) -> list[str]:
         """Stop whatever was started; returns the problems met (the run record's clean follows)."""

@@ -31,7 +31,7 @@ class LatePauses:
         ends: the pauses it closed are complete then, every call that overlapped them included)."""
         if end_ns - start_ns > LONG_CALL_NS:
             self.calls.append((kind, start_ns, end_ns))
-        if kind == "loop":
+        if kind == "loop" and self.pending:
             self._settle()
 
     def pause(self, crossed_ns: int, closed_ns: int, split: dict[str, float]) -> None:

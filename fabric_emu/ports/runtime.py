@@ -239,13 +239,26 @@ class LosslessPorts:
             if e.intf in intfs:
                 self.maps.table.set(e.id, "link_cut", int(cut))
 
+    def switch_link(self, intfs: list[str], up: bool, wire: Callable[[bool], None]) -> int:
+        """Cut these switch ports' link, or mend it, with `wire` taking the cable down or up:
+        marked cut before the cable goes and unmarked once it is back, so no frame is charged to
+        a link that cannot carry it; then what the queues held is given back (give_back_cut).
+        Returns the bytes given back (0 when mended)."""
+        if up:
+            wire(True)
+            self.cut_link(intfs, False)
+            return 0
+        self.cut_link(intfs, True)
+        wire(False)
+        return self.give_back_cut(intfs)
+
     def give_back_cut(self, intfs: list[str]) -> int:
         """Once these switch ports' link is cut (wire down, link_cut set): wait for their queues
         to empty (the kernel purges a queue whose carrier went; a closed gate holds its frames
         until then), then give back the lossless bytes still charged to pairs whose egress is one
         of them: frames lost in the queue or on the wire, which no program saw (bpf/port.c,
         give_back). Returns those bytes; 0 if the queues did not empty in time. The caller
-        (RoutedFabric.set_link) is synchronous, so the link cannot come back during the wait."""
+        (switch_link) is synchronous, so the link cannot come back during the wait."""
         assert self.maps is not None
         cut = {e.id: e.intf for e in self.ports.ends if e.intf in intfs}
         deadline = time.monotonic() + CUT_QUEUE_TIMEOUT_S

@@ -72,7 +72,7 @@ class MachineShare:
         self.workdir: Path | None = None  # the share's folder (the machine's NIC engines write there too)
         self.cpu: CpuMonitor | None = None
         self.captures: Captures | None = None
-        self.stitch_of = {s.port: s.stitch for s in job.stitches if s.port}  # a cut link's port -> its stitch end
+        self.stitch_of = {s.port: s.stitch for s in job.stitches}  # a cut link's port -> its stitch end
 
     def up(self) -> None:
         rec = self.record
@@ -164,20 +164,19 @@ class MachineShare:
         cable is, as on one machine (RoutedFabric.set_link): its stitch end goes down, so the port
         loses its carrier but stays up; marked cut first, its egress program drops and gives back
         what Open vSwitch still sends it, and what its queue held is given back once the kernel
-        has purged it (LosslessPorts.give_back_cut). Answers OK, with those bytes for a cut.
+        has purged it (LosslessPorts.switch_link). Answers OK, with those bytes for a cut.
         Any other end is taken down itself."""
         stitch = self.stitch_of.get(end.intf) if end.role == "switch" and self.lossless is not None else None
-        if stitch is not None and not up:
-            self.lossless.cut_link([end.intf], True)
-        with open_iproute(self.netns_of[end.node]) as ipr:
-            name = stitch or end.intf
-            ipr.link("set", index=ipr.link_lookup(ifname=name)[0], state="up" if up else "down")
+
+        def wire(on: bool) -> None:
+            with open_iproute(self.netns_of[end.node]) as ipr:
+                ipr.link("set", index=ipr.link_lookup(ifname=stitch or end.intf)[0], state="up" if on else "down")
+
         if stitch is None:
+            wire(up)
             return "OK"
-        if up:
-            self.lossless.cut_link([end.intf], False)
-            return "OK"
-        return f"OK {self.lossless.give_back_cut([end.intf])}"
+        given = self.lossless.switch_link([end.intf], up, wire)
+        return "OK" if up else f"OK {given}"
 
     def capture_start(self, spec_json: str) -> str:
         spec = CaptureSpec.model_validate_json(spec_json)
