@@ -27,8 +27,9 @@ class LatePauses:
         self.pending: list[tuple[int, int, dict[str, float]]] = []  # late, their round not over yet
 
     def call(self, kind: str, start_ns: int, end_ns: int) -> None:
-        """One call of the daemon's: "frame", "gate", or "loop" (a round's work, recorded as it
-        ends: the pauses it closed are complete then, every call that overlapped them included)."""
+        """One call of the daemon's: "frame", "kick", "gate", or "loop" (a round's work, recorded
+        as it ends: the pauses it closed are complete then, every call that overlapped them
+        included)."""
         if end_ns - start_ns > LONG_CALL_NS:
             self.calls.append((kind, start_ns, end_ns))
         if kind == "loop" and self.pending:

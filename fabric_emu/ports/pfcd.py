@@ -190,13 +190,14 @@ class Daemon:
         # The daemon's longest send of a frame, tc change and round of its loop (ns): a send also
         # runs the network receive work pending on its CPU (softirqs run when it re-enables
         # them), and a round is what an event that arrives meanwhile waits at most.
-        self.longest_ns = {"frame": 0, "gate": 0, "loop": 0}
+        self.longest_ns = {"frame": 0, "kick": 0, "gate": 0, "loop": 0}
         self.frames_sent = self.frames_received = self.events = 0
         self.late_wakes = LateWakes()
         self.late_pauses = late_pauses.LatePauses()
         self.next_reconcile = 0.0
         self.errors: list[str] = []
         self.outbox: list[tuple[int, int]] = []  # (port, quanta): frames to send this round
+        self.to_kick: set[int] = set()  # ports whose gate opened this round, kicked in _flush
         # PFC storms: host port -> the pauses it sends while its NIC storms; their log
         self.storms: dict[int, PauseSender] = {}
         self.storm_log: list[dict] = []
@@ -457,6 +458,11 @@ class Daemon:
         return bool(flags & IFF_UP and flags & IFF_RUNNING)
 
     def _flush(self) -> None:
+        """The round's sends, once its gates are set: pause frames, then a kick for every gate
+        that opened and stayed open. A send runs the receive work pending on its CPU, and a
+        kick also runs its port's queue (the frames it releases cross the veth within the send:
+        0.04 ms at the median, up to 2 ms measured under busy loops), so an XOFF later in the
+        same round would wait behind it."""
         for port_id, quanta in self.outbox:
             port = self.ports[port_id]
             start = time.monotonic_ns()
@@ -471,6 +477,15 @@ class Daemon:
                 self.storm_now[port_id]["frames"] += 1
             self.maps.table.add(port_id, "pause_tx", 1, LOSSLESS)
         self.outbox.clear()
+        for port_id in self.to_kick:
+            start = time.monotonic_ns()
+            try:
+                self._kick(self.ports[port_id])
+            except OSError as e:  # a port vanishing during teardown, say
+                self.errors.append(f"kick out of {self.ports[port_id].intf}: {e}")
+                continue
+            self._took("kick", start)
+        self.to_kick.clear()
 
     def _took(self, what: str, start_ns: int) -> int:
         now_ns = time.monotonic_ns()
@@ -497,6 +512,7 @@ class Daemon:
         if self.watchdog is not None:
             self.watchdog.on_gate(port_id, action == "close", now_ns / 1e9)
         if action == "close":
+            self.to_kick.discard(port_id)
             table.set(port_id, "paused_since", now_ns, LOSSLESS)
             self.intervals.setdefault(port.intf, []).append([now_ns / 1e9, None])
             crossed = self.crossed_at.pop(frame.sender, None) if frame is not None else None
@@ -508,7 +524,7 @@ class Daemon:
                     self.worst_split = split
                 self.stage_max = max_by_stage(self.stage_max, split)
         else:
-            self._kick(port)
+            self.to_kick.add(port_id)
             since = table.get(port_id, "paused_since", LOSSLESS)
             if since:
                 table.add(port_id, "paused_ns", now_ns - since, LOSSLESS)

@@ -57,7 +57,7 @@ def reaction_summary(daemon: dict, dilation: float) -> dict | None:
     split = daemon.get("worst_reaction")
     if split:  # where the slowest one went: ring buffer, frame, tc change
         out["slowest_ms"] = {k.removesuffix("_s"): round(v * 1e3, 3) for k, v in split.items()}
-    if daemon.get("longest_call_ms"):  # the daemon's longest frame send and tc change
+    if daemon.get("longest_call_ms"):  # the daemon's longest frame send, kick, tc change and round
         out["longest_call_ms"] = daemon["longest_call_ms"]
     if daemon.get("late_wake"):  # how late the daemon woke for its own timers: this machine's stalls
         out["late_wake"] = daemon["late_wake"]
