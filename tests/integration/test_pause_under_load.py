@@ -12,8 +12,13 @@ with two busy loops: slowest 0.8 to 3.9 ms, median 2.0 ms, against the headroom'
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
+import threading
+import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -82,7 +87,8 @@ def test_every_pause_past_1_ms_is_recorded_with_its_stages(loaded_incasts):
     """pfc_reaction.late is there exactly when the slowest pause took more than 1 ms, and its
     slowest entry is that pause, measured by the daemon at the same crossing and gate: same
     total, stages that add up to it. Three runs under busy loops had at least one late pause in
-    nearly every CI rehearsal; a batch with none still checks that nothing is made up."""
+    nearly every CI rehearsal; a batch with none still checks that nothing is made up (the test
+    below makes late pauses on purpose, and judges them by its own clock)."""
     for summary, _ in loaded_incasts:
         reaction = summary["pfc_reaction"]
         if reaction["max_s"] * 1e3 <= 1.0:
@@ -94,3 +100,67 @@ def test_every_pause_past_1_ms_is_recorded_with_its_stages(loaded_incasts):
         assert worst["ms"] == pytest.approx(reaction["max_s"] * 1e3, abs=0.002), (worst, reaction)
         assert sum(worst["stages_ms"].values()) == pytest.approx(worst["ms"], abs=0.005), worst
         assert all(e["ms"] > 1.0 for e in late["slowest"]), late
+
+
+STOP_S, EVERY_S = 0.05, 0.2  # stops far longer than the machine's own stalls
+MS = 1_000_000
+
+
+def _daemons() -> set[int]:
+    """The pids of PFC daemons running now (fabric_emu.ports.pfcd, started by the port runtime)."""
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and b"fabric_emu.ports.pfcd" in (entry / "cmdline").read_bytes():
+                pids.add(int(entry.name))
+        except OSError:  # gone meanwhile
+            pass
+    return pids
+
+
+def _stop_the_daemon_now_and_then(done: threading.Event, windows: list[tuple[int, int]]) -> None:
+    """Stop the run's PFC daemon (SIGSTOP) for STOP_S every EVERY_S until `done`, recording each
+    stop's CLOCK_MONOTONIC start and end (the clock the port programs stamp crossings with)."""
+    before = _daemons()
+    pid = None
+    while not done.is_set() and pid is None:
+        pid = next(iter(_daemons() - before), None)
+        time.sleep(0.05)
+    while pid is not None and not done.wait(EVERY_S):
+        try:
+            start = time.monotonic_ns()
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(STOP_S)
+        except ProcessLookupError:  # the run is over
+            return
+        finally:
+            end = time.monotonic_ns()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        windows.append((start, end))
+
+
+def test_a_pause_the_daemon_was_stopped_for_is_recorded_late_and_closed_once_it_was_let_go(tmp_path_factory):
+    """The incast with its PFC daemon stopped for 50 ms every 200 ms: a pause that met a stop
+    cannot take effect before the test lets the daemon go. Judged against the test's own clock:
+    the slowest late pauses (pfc_reaction.late) are pauses that met a stop, and each closed only
+    after that stop ended (no gate closes while the daemon is stopped), whatever the machine did
+    besides."""
+    done, windows = threading.Event(), []
+    stopper = threading.Thread(target=_stop_the_daemon_now_and_then, args=(done, windows))
+    stopper.start()
+    try:
+        run_dir, r = run_shipped(tmp_path_factory, "incast")
+    finally:
+        done.set()
+        stopper.join()
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    assert len(windows) > 10, windows  # the daemon was found and stopped, many times
+    reaction = read_json(run_dir / "summary.json")["pfc_reaction"]
+    late = reaction.get("late")
+    assert late and late["count"] >= len(late["slowest"]) > 0, reaction
+    for e in late["slowest"]:
+        crossed, closed = e["at_monotonic_ns"], e["at_monotonic_ns"] + e["ms"] * MS
+        met = [(start, end) for start, end in windows if crossed < end and closed > start]
+        assert len(met) == 1, (e, windows)  # it met one stop (they are 150 ms apart)
+        assert closed >= met[0][1] - 0.002 * MS, (e, met)  # ms is rounded to the microsecond
