@@ -74,17 +74,22 @@ class ClusterFabric:
 
     def __init__(self, plan: FabricPlan, placement: Placement, machines: list[Machine], ssh_config: Path | None,
                  controller_port: int, workdir: Path, run_id: str,
-                 ports: dict | None = None, record: RunRecord | None = None) -> None:
+                 ports: dict | None = None, record: RunRecord | None = None,
+                 cut: frozenset[frozenset[str]] = frozenset()) -> None:
         """ports: the port model on every machine (its classes, port programs, PFC daemon;
         fabric_emu.run.machine), built from these settings (fabric_emu.ports.model.port_args);
         None: plain links, stitched by tc.
         record: the head's run record, which names every ssh client of the fabric as it starts,
         so that a clean after a kill -9 of the head ends them, and with them each machine's
-        share (its agent and node shells end with their ssh session)."""
+        share (its agent and node shells end with their ssh session).
+        cut: the switch pairs whose link the run's events cut; those on one machine get a wire
+        there (fabric_emu.fabric.wires), those between machines are cut at their stitch ends."""
         self.plan, self.placement, self.machines = plan, placement, machines
         self.ssh_config, self.controller_port, self.workdir, self.run_id = ssh_config, controller_port, workdir, run_id
         self.ports = ports
         self.record = record
+        at = placement.machine_of
+        self.wired = frozenset(pair for pair in cut if len({at[n] for n in pair}) == 1)
         self.checked = False  # the underlay's MTU (a preflight that checked it sets this)
         self.net: ce.MininetCluster | None = None
         self.tunnels: ControlTunnels | None = None
@@ -109,7 +114,7 @@ class ClusterFabric:
                                placement=placer_for(self.placement), host=host_cls,
                                switch=partial(switch_cls, run_id=self.run_id, datapath="user"),
                                link=stitch_link_for(self.plan, self.placement, self.machines,
-                                                    redirect=self.ports is None),
+                                                    redirect=self.ports is None, wired=self.wired),
                                controller=None, autoSetMacs=False, autoStaticArp=False, build=False,
                                waitConnected=False)
         self.net.addController(LaunchedController("c0", ip="127.0.0.1", port=self.controller_port))
@@ -198,7 +203,8 @@ class ClusterFabric:
 
     def jobs(self, ports: dict) -> dict[str, MachineJob]:
         """What each machine's agent sets up: its ports (from the whole plan), its hosts' pids
-        as it sees them (Cluster Edition asked there), its ends of the cut links."""
+        as it sees them (Cluster Edition asked there), its ends of the links between machines,
+        and its switch ports with a wire."""
         assert self.net is not None
         vnis, at = cut_vnis(self.plan, self.placement), self.placement.machine_of
         jobs = {}
@@ -210,7 +216,9 @@ class ClusterFabric:
             jobs[m.name] = MachineJob(
                 run_id=self.run_id, machine=m.name, plan=self.plan.to_dict(), machine_of=self.placement.machine_of,
                 host_pids={h: self.net.get(h).pid for h in mine if h in self.plan.host_by_name},
-                ports=ports, stitches=stitches)
+                ports=ports, stitches=stitches,
+                wires=[intf for ln in self.plan.links if frozenset((ln.a, ln.b)) in self.wired and at[ln.a] == m.name
+                       for intf in (ln.a_intf, ln.b_intf)])
         return jobs
 
     def stop(self) -> dict[str, dict]:

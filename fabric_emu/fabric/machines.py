@@ -33,6 +33,7 @@ class MachineJob:
     host_pids: dict[str, int]  # this machine's hosts -> their shells' pids, as this machine sees them
     ports: dict  # the run's port settings (fabric_emu.ports.model.port_args)
     stitches: list[Stitch] = field(default_factory=list)
+    wires: list[str] = field(default_factory=list)  # switch ports here with a wire to a switch here (fabric.wires)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -13,6 +13,7 @@ import shlex
 from collections.abc import Callable
 
 from fabric_emu.fabric.machines import Machine
+from fabric_emu.fabric.wires import as_one_shell, wire_commands
 from fabric_emu.kernel import mininet_compat
 from fabric_emu.kernel.vxlan import VXLAN_PORT
 from fabric_emu.topo.placement import Placement
@@ -80,6 +81,22 @@ class StitchLink(ce.RemoteLink):
     mtu: int = 1500
     redirect: bool = True  # False: the machines' port programs stitch (fabric_emu.run.machine)
     devices: dict[tuple[str, str], str] = {}  # (machine, remote underlay address) -> device
+    wired: frozenset[frozenset[str]] = frozenset()  # switch pairs on one machine whose link the run cuts
+
+    def makeIntfPair(self, intfname1, intfname2, addr1=None, addr2=None, node1=None, node2=None,
+                     deleteIntfs=True):  # noqa: N802 (Mininet's name)
+        """A link the run cuts between two switches of one machine gets a wire in the middle,
+        made there (fabric_emu.fabric.wires); every other link as Cluster Edition makes it."""
+        node1 = self.node1 if node1 is None else node1
+        node2 = self.node2 if node2 is None else node2
+        if node1.server != node2.server or frozenset((node1.name, node2.name)) not in self.wired:
+            return super().makeIntfPair(intfname1, intfname2, addr1, addr2, node1, node2, deleteIntfs)
+        cmds = wire_commands(intfname1, intfname2, addr1, addr2)
+        out = node1.rcmd(["sh", "-c", shlex.quote(as_one_shell(cmds))]).strip()
+        if out:
+            raise RuntimeError(f"{node1.server}: making the wired link {intfname1}-{intfname2} failed: "
+                               f"{out.splitlines()[-1]}")
+        return None
 
     def makeTunnel(self, node1, node2, intfname1, intfname2, addr1=None, addr2=None):  # noqa: N802
         vni = self.vnis[frozenset((intfname1, intfname2))]
@@ -96,7 +113,7 @@ class StitchLink(ce.RemoteLink):
                 cmds.append(f"ip link set {intf} address {addr}")
             # one ssh for the whole end: each command is silent when it works, and the first
             # that fails stops the rest (a new ssh per command made most of a fabric's start-up)
-            out = node.rcmd(["sh", "-c", shlex.quote("set -e; " + "; ".join(cmds))]).strip()
+            out = node.rcmd(["sh", "-c", shlex.quote(as_one_shell(cmds))]).strip()
             if out:
                 _Tunnel(made).terminate()
                 raise RuntimeError(f"{node.server}: making {intf}'s end of the link failed: {out.splitlines()[-1]}")
@@ -118,8 +135,9 @@ def cut_vnis(plan: FabricPlan, placement: Placement) -> dict[frozenset[str], int
 
 
 def stitch_link_for(plan: FabricPlan, placement: Placement, machines: list[Machine],
-                    redirect: bool = True) -> type[StitchLink]:
-    """StitchLink bound to one fabric."""
+                    redirect: bool = True, wired: frozenset[frozenset[str]] = frozenset()) -> type[StitchLink]:
+    """StitchLink bound to one fabric; `wired`: the switch pairs whose link the run cuts (only
+    those on one machine get a wire: the others are cut at their stitch ends)."""
     return type("FabricStitchLink", (StitchLink,), {"vnis": cut_vnis(plan, placement), "mtu": plan.mtu,
                                                     "machines": {m.name: m for m in machines},
-                                                    "redirect": redirect, "devices": {}})
+                                                    "redirect": redirect, "devices": {}, "wired": wired})

@@ -15,14 +15,17 @@ drop them and give their bytes back (bpf/port.c, `link_cut`).
 The wire costs each frame on that link one more veth crossing, so only the links a run's events
 cut get one (benchmarks/wire_cost.py measures it), and in a lab, whose user may cut any, every
 link between two switches. Deleting a switch port deletes its wire end
-with it (a veth pair goes as one), so cleanup needs no records of its own.
+with it (a veth pair goes as one), so cleanup needs no records of its own. A fabric split over
+machines wires the cut links between two switches of one machine there, by the same commands
+over that machine's shell (fabric_emu.fabric.stitch_link.StitchLink), and that machine's agent
+cuts them (fabric_emu.run.machine); a link between machines is cut at its stitch end instead.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 import subprocess
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fabric_emu.kernel import mininet_compat, rps
@@ -35,6 +38,8 @@ mininet_compat.install()  # before any of Mininet: Python 3.12 has no distutils
 from mininet.link import Link  # noqa: E402  (after mininet_compat)
 
 WIRE_MTU = 9216  # above any fabric MTU: the wire must never be what drops a frame
+IFNAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,15}")
+MAC_RE = re.compile(r"[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}")
 
 
 def wire_name(intf: str) -> str:
@@ -56,24 +61,47 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=30)
 
 
-def _tc(*args: str) -> None:
-    subprocess.run(["tc", *args], check=True, capture_output=True, text=True, timeout=30)
+def wire_commands(port1: str, port2: str, addr1: str | None = None, addr2: str | None = None) -> list[str]:
+    """The shell commands that join switch ports port1 and port2 (the root namespace of the
+    machine they run on) by a wire: two veth pairs whose middle ends tc redirects into each
+    other, both ways. Not the wire ends' receive steering, which needs that machine's CPUs
+    (steer_wires). Names and addresses are checked first: they reach a shell."""
+    for name in (port1, port2):
+        if not IFNAME_RE.fullmatch(name):
+            raise ValueError(f"{name!r} is not a usable interface name")
+    for addr in (addr1, addr2):
+        if addr is not None and not MAC_RE.fullmatch(addr):
+            raise ValueError(f"{addr!r} is not a MAC address")
+    wire1, wire2 = wire_name(port1), wire_name(port2)
+    cmds = []
+    for port, wire, addr in ((port1, wire1, addr1), (port2, wire2, addr2)):
+        cmds += [f"ip link add name {port}{f' address {addr}' if addr else ''} type veth peer name {wire}"
+                 f" mtu {WIRE_MTU}",
+                 f"echo 1 > /proc/sys/net/ipv6/conf/{wire}/disable_ipv6",
+                 f"tc qdisc add dev {wire} clsact"]
+    for wire, other in ((wire1, wire2), (wire2, wire1)):
+        cmds.append(f"tc filter add dev {wire} ingress protocol all u32 match u32 0 0"  # no matchall on every kernel
+                    f" action mirred egress redirect dev {other}")
+    return cmds + [f"ip link set {wire} up" for wire in (wire1, wire2)]
+
+
+def as_one_shell(cmds: list[str]) -> str:
+    """Commands as one `sh -c` script that stops at the first to fail."""
+    return "set -e; " + "; ".join(cmds)
+
+
+def steer_wires(ports: list[str]) -> None:
+    """One more receive backlog per wire end: steered like every link end, to keep each flow
+    on one CPU (kernel/rps.py)."""
+    for port in ports:
+        rps.steer(wire_name(port), rps.all_cpus_mask())
 
 
 def make_wired_pair(port1: str, port2: str, addr1: str | None = None, addr2: str | None = None) -> None:
-    """Switch ports port1 and port2 (root namespace), joined by a wire: two veth pairs whose
-    middle ends tc redirects into each other, both ways."""
-    wire1, wire2 = wire_name(port1), wire_name(port2)
-    for port, wire, addr in ((port1, wire1, addr1), (port2, wire2, addr2)):
-        _ip("link", "add", "name", port, *(["address", addr] if addr else []), "type", "veth",
-            "peer", "name", wire, "mtu", str(WIRE_MTU))
-        Path(f"/proc/sys/net/ipv6/conf/{wire}/disable_ipv6").write_text("1")
-        rps.steer(wire, rps.all_cpus_mask())  # one more receive backlog: keep each flow on one CPU
-        _tc("qdisc", "add", "dev", wire, "clsact")
-    for wire, other in ((wire1, wire2), (wire2, wire1)):
-        _tc("filter", "add", "dev", wire, "ingress", "protocol", "all", "u32", "match", "u32", "0", "0",
-            "action", "mirred", "egress", "redirect", "dev", other)  # no matchall on every kernel
-    set_wire([port1, port2], up=True)
+    """Switch ports port1 and port2 of this machine, joined by a wire (wire_commands)."""
+    subprocess.run(["sh", "-c", as_one_shell(wire_commands(port1, port2, addr1, addr2))],
+                   check=True, capture_output=True, text=True, timeout=60)
+    steer_wires([port1, port2])
 
 
 class WiredLink(Link):

@@ -40,6 +40,7 @@ from pathlib import Path
 
 from fabric_emu.fabric.build import prepare_host_interface_command, prepare_switch_port, shape_ports
 from fabric_emu.fabric.capture import Captures
+from fabric_emu.fabric import wires
 from fabric_emu.fabric.machines import MachineJob
 from fabric_emu.kernel import rps
 from fabric_emu.kernel.ovs_datapath import datapath_of
@@ -73,6 +74,7 @@ class MachineShare:
         self.cpu: CpuMonitor | None = None
         self.captures: Captures | None = None
         self.stitch_of = {s.port: s.stitch for s in job.stitches}  # a cut link's port -> its stitch end
+        self.wired = set(job.wires)  # switch ports with a wire to a switch of this machine
 
     def up(self) -> None:
         rec = self.record
@@ -98,6 +100,7 @@ class MachineShare:
             # The stitch end receives its switch port's egress, whose qdisc both CPUs may run:
             # steered like every other link end, or two backlogs can reorder a flow (kernel/rps.py)
             rps.steer(s.stitch, mask)
+        wires.steer_wires(self.job.wires)
 
     def counters(self) -> dict:
         return self.lossless.counters() if self.lossless is not None else {}
@@ -164,15 +167,20 @@ class MachineShare:
         cable is, as on one machine (RoutedFabric.set_link): its stitch end goes down, so the port
         loses its carrier but stays up; marked cut first, its egress program drops and gives back
         what Open vSwitch still sends it, and what its queue held is given back once the kernel
-        has purged it (LosslessPorts.switch_link). Answers OK, with those bytes for a cut.
-        Any other end is taken down itself."""
-        stitch = self.stitch_of.get(end.intf) if end.role == "switch" and self.lossless is not None else None
+        has purged it (LosslessPorts.switch_link). So is a link the run cuts between two switches
+        of this machine, at its wire's end (fabric_emu.fabric.wires). Answers OK, with those bytes
+        for a cut. Any other end is taken down itself."""
+        stitch = self.stitch_of.get(end.intf) if end.role == "switch" else None
+        cable = stitch is not None or (end.role == "switch" and end.intf in self.wired)
 
         def wire(on: bool) -> None:
+            if stitch is None and cable:
+                wires.set_wire([end.intf], on)
+                return
             with open_iproute(self.netns_of[end.node]) as ipr:
                 ipr.link("set", index=ipr.link_lookup(ifname=stitch or end.intf)[0], state="up" if on else "down")
 
-        if stitch is None:
+        if not cable or self.lossless is None:
             wire(up)
             return "OK"
         given = self.lossless.switch_link([end.intf], up, wire)

@@ -25,6 +25,7 @@ from pathlib import Path
 from fabric_emu.fabric.cluster import ClusterFabric
 from fabric_emu.fabric.machines import Machine, MachineAgents, ssh_run
 from fabric_emu.fabric.underlay import Underlay, check_underlay, preflight
+from fabric_emu.fabric.wires import cut_links
 from fabric_emu.fabric.controller import ControllerProcess, start_controller
 from fabric_emu.measure import counters
 from fabric_emu.measure.fidelity import CpuMonitor, merge_machine_cpu
@@ -99,7 +100,8 @@ class PartitionedRunner(Runner):
                                      spray_entropies=spray_entropies(self.spec, self.plan) or None)
         record.add_process(self.ctrl.pid, "controller")
         self.cluster = ClusterFabric(self.plan, placement, machines, ssh_config, self.ctrl.port, workdir,
-                                     record.run_id, ports=port_args(self.spec), record=record)
+                                     record.run_id, ports=port_args(self.spec), record=record,
+                                     cut=cut_links(self.spec.events))
         self.cluster.checked = True  # by the preflight
         self.ctrl.wait_listening()
         self.cluster.build()

@@ -106,20 +106,24 @@ def test_a_cut_link_failing_between_machines_is_rerouted(servers, tmp_path: Path
     assert s["transport"]["delivered_fraction"] == 1.0  # what the cut link held was lost, and resent
 
 
-def test_a_cut_between_machines_under_pause_gives_back_what_its_queue_held(servers, tmp_path: Path) -> None:
-    """The PFC incast split in two, leaf1-spine2 (leaf1 on s1, spine2 on s2) cut at 300 us while
-    PFC holds spine2's queue towards leaf1, as test_lossless_fabric cuts a link on one machine:
-    each machine takes its stitch end down, so the switch port loses its carrier but stays up,
-    its program gives back what Open vSwitch still sends it, and what its queue held is given
-    back once the kernel purged it. Nothing stays charged, on either machine; every byte arrives."""
-    s = run(tmp_path / "split", "incast", servers, "events=[{at: 300us, link: leaf1-spine2, state: down}]")
+@pytest.mark.parametrize("link", ["leaf1-spine2", "leaf1-spine1"], ids=["between-machines", "on-one-machine"])
+def test_a_cut_under_pause_gives_back_what_its_queue_held(servers, tmp_path: Path, link: str) -> None:
+    """The PFC incast split in two (leaf1 and spine1 on s1, leaf2 and spine2 on s2), one link
+    cut at 300 us while PFC holds the spine's queue towards leaf1, as test_lossless_fabric cuts
+    a link on one machine. Between machines (leaf1-spine2) each machine takes its stitch end
+    down; on one (leaf1-spine1) that machine takes the wire's ends down (the link was built with
+    a wire in the middle, as on one machine). Either way the switch ports lose their carrier but
+    stay up, their programs give back what Open vSwitch still sends them, and what their queues
+    held is given back once the kernel purged them. Nothing stays charged, on either machine;
+    every byte arrives."""
+    s = run(tmp_path / "split", "incast", servers, f"events=[{{at: 300us, link: {link}, state: down}}]")
     (cut,) = s["events"]
-    print(f"\nincast over 2 machines, leaf1-spine2 cut under pause: {cut.get('given_back_bytes')} B given back, "
+    print(f"\nincast over 2 machines, {link} cut under pause: {cut.get('given_back_bytes')} B given back, "
           f"status {s['status']}, accounting {s.get('pfc_accounting')}")
     assert s["status"] == "ok" and trusted_but_for_late_pauses(s), (s["status"], s["fidelity"])
-    assert cut["ok"] and cut["link"] == "leaf1-spine2" and cut["given_back_bytes"] > 0, cut  # the queue held paused frames
-    # Before: the ports were taken down, frames sent into them were refused unseen, and 7,009
-    # lossless frames were dropped elsewhere, 7,155 arrived past the headroom: untrusted.
+    assert cut["ok"] and cut["link"] == link and cut["given_back_bytes"] > 0, cut  # the queue held paused frames
+    # Before, each: the ports were taken down, frames sent into them were refused unseen (between
+    # machines: 7,009 lossless frames dropped elsewhere, 7,155 past the headroom; untrusted).
     assert s["switch"]["lossless_drops"] == 0, s["switch"]
     acc = s["pfc_accounting"]
     assert acc["settled"] and acc["held_bytes"] == acc["queued_bytes"] == acc["leaked_bytes"] == 0, acc
