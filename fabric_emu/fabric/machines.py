@@ -10,7 +10,7 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 
@@ -32,8 +32,8 @@ class MachineJob:
     machine_of: dict[str, str]  # every node -> its machine
     host_pids: dict[str, int]  # this machine's hosts -> their shells' pids, as this machine sees them
     ports: dict  # the run's port settings (fabric_emu.ports.model.port_args)
-    stitches: list[Stitch] = field(default_factory=list)
-    wires: list[str] = field(default_factory=list)  # switch ports here with a wire to a switch here (fabric.wires)
+    stitches: list[Stitch]
+    wires: list[str]  # switch ports here with a wire to a switch here (fabric.wires)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -41,7 +41,7 @@ class MachineJob:
     @classmethod
     def from_json(cls, line: str) -> "MachineJob":
         raw = json.loads(line)
-        raw["stitches"] = [Stitch(**s) for s in raw.get("stitches", [])]
+        raw["stitches"] = [Stitch(**s) for s in raw["stitches"]]
         return cls(**raw)
 
 

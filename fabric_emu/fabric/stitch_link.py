@@ -13,7 +13,7 @@ import shlex
 from collections.abc import Callable
 
 from fabric_emu.fabric.machines import Machine
-from fabric_emu.fabric.wires import as_one_shell, wire_commands
+from fabric_emu.fabric.wires import as_one_shell, check_ifnames, wire_commands
 from fabric_emu.kernel import mininet_compat
 from fabric_emu.kernel.vxlan import VXLAN_PORT
 from fabric_emu.topo.placement import Placement
@@ -38,9 +38,7 @@ def stitch_commands(intf: str, vni: int, local: str, remote: str, underlay_dev: 
     frame the underlay cannot carry whole must be lost, not passed in pieces). redirect=False:
     no tc redirect, for the port programs' stitch (fabric_emu.run.machine attaches it)."""
     stitch, vx = stitch_names(vni)
-    for name in (intf, stitch, vx, underlay_dev):
-        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,15}", name):
-            raise ValueError(f"{name!r} is not a usable interface name")
+    check_ifnames(intf, stitch, vx, underlay_dev)
     for address in (local, remote):
         ipaddress.ip_address(address)
     return [

@@ -29,6 +29,7 @@ import subprocess
 from typing import TYPE_CHECKING
 
 from fabric_emu.kernel import mininet_compat, rps
+from fabric_emu.spec.topology import MAX_IFNAME
 from fabric_emu.topo.plan import FabricPlan
 
 if TYPE_CHECKING:
@@ -38,8 +39,15 @@ mininet_compat.install()  # before any of Mininet: Python 3.12 has no distutils
 from mininet.link import Link  # noqa: E402  (after mininet_compat)
 
 WIRE_MTU = 9216  # above any fabric MTU: the wire must never be what drops a frame
-IFNAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,15}")
+IFNAME_RE = re.compile(rf"[A-Za-z0-9_.-]{{1,{MAX_IFNAME}}}")
 MAC_RE = re.compile(r"[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}")
+
+
+def check_ifnames(*names: str) -> None:
+    """Refuse a name that is not a usable interface name: it is about to reach a shell."""
+    for name in names:
+        if not IFNAME_RE.fullmatch(name):
+            raise ValueError(f"{name!r} is not a usable interface name")
 
 
 def wire_name(intf: str) -> str:
@@ -66,9 +74,7 @@ def wire_commands(port1: str, port2: str, addr1: str | None = None, addr2: str |
     machine they run on) by a wire: two veth pairs whose middle ends tc redirects into each
     other, both ways. Not the wire ends' receive steering, which needs that machine's CPUs
     (steer_wires). Names and addresses are checked first: they reach a shell."""
-    for name in (port1, port2):
-        if not IFNAME_RE.fullmatch(name):
-            raise ValueError(f"{name!r} is not a usable interface name")
+    check_ifnames(port1, port2)
     for addr in (addr1, addr2):
         if addr is not None and not MAC_RE.fullmatch(addr):
             raise ValueError(f"{addr!r} is not a MAC address")
@@ -90,18 +96,18 @@ def as_one_shell(cmds: list[str]) -> str:
     return "set -e; " + "; ".join(cmds)
 
 
-def steer_wires(ports: list[str]) -> None:
-    """One more receive backlog per wire end: steered like every link end, to keep each flow
-    on one CPU (kernel/rps.py)."""
+def steer_wires(ports: list[str], mask: str) -> None:
+    """One more receive backlog per wire end: steered like every link end (`mask`, usually
+    rps.all_cpus_mask()), to keep each flow on one CPU (kernel/rps.py)."""
     for port in ports:
-        rps.steer(wire_name(port), rps.all_cpus_mask())
+        rps.steer(wire_name(port), mask)
 
 
 def make_wired_pair(port1: str, port2: str, addr1: str | None = None, addr2: str | None = None) -> None:
     """Switch ports port1 and port2 of this machine, joined by a wire (wire_commands)."""
     subprocess.run(["sh", "-c", as_one_shell(wire_commands(port1, port2, addr1, addr2))],
                    check=True, capture_output=True, text=True, timeout=60)
-    steer_wires([port1, port2])
+    steer_wires([port1, port2], rps.all_cpus_mask())
 
 
 class WiredLink(Link):

@@ -100,7 +100,7 @@ class MachineShare:
             # The stitch end receives its switch port's egress, whose qdisc both CPUs may run:
             # steered like every other link end, or two backlogs can reorder a flow (kernel/rps.py)
             rps.steer(s.stitch, mask)
-        wires.steer_wires(self.job.wires)
+        wires.steer_wires(self.job.wires, mask)
 
     def counters(self) -> dict:
         return self.lossless.counters() if self.lossless is not None else {}
@@ -170,11 +170,11 @@ class MachineShare:
         has purged it (LosslessPorts.switch_link). So is a link the run cuts between two switches
         of this machine, at its wire's end (fabric_emu.fabric.wires). Answers OK, with those bytes
         for a cut. Any other end is taken down itself."""
-        stitch = self.stitch_of.get(end.intf) if end.role == "switch" else None
-        cable = stitch is not None or (end.role == "switch" and end.intf in self.wired)
+        stitch = self.stitch_of.get(end.intf)  # only switch ports have a stitch end or a wire
+        cable = stitch is not None or end.intf in self.wired
 
         def wire(on: bool) -> None:
-            if stitch is None and cable:
+            if end.intf in self.wired:
                 wires.set_wire([end.intf], on)
                 return
             with open_iproute(self.netns_of[end.node]) as ipr:

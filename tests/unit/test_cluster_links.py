@@ -8,7 +8,7 @@ import pytest
 from fabric_emu.fabric.cluster import ClusterFabric, placer_for
 from fabric_emu.fabric.machines import Machine
 from fabric_emu.fabric.stitch_link import stitch_commands, stitch_link_for
-from fabric_emu.fabric.wires import wire_commands, wire_name
+from fabric_emu.fabric.wires import wire_commands
 from fabric_emu.spec.topology import TopologySpec
 from fabric_emu.topo.placement import place
 from fabric_emu.topo.plan import build_plan
@@ -61,14 +61,6 @@ def test_only_links_cut_inside_one_machine_get_a_wire(plan, tmp_path) -> None:
     fabric = ClusterFabric(plan, placement, [Machine("a", "10.0.9.1", "10.0.9.1"), Machine("b", "10.0.9.2", "10.0.9.2")],
                            None, 6653, tmp_path, "r1", cut=cut)
     assert fabric.wired == {frozenset(("leaf1", "spine1"))}
-
-
-def test_wire_commands_join_the_middle_ends_both_ways() -> None:
-    cmds = wire_commands("leaf1-eth3", "spine1-eth1", "02:00:00:00:00:01")
-    w1, w2 = wire_name("leaf1-eth3"), wire_name("spine1-eth1")
-    assert f"ip link add name leaf1-eth3 address 02:00:00:00:00:01 type veth peer name {w1} mtu 9216" in cmds
-    assert f"tc filter add dev {w1} ingress protocol all u32 match u32 0 0 action mirred egress redirect dev {w2}" in cmds
-    assert f"tc filter add dev {w2} ingress protocol all u32 match u32 0 0 action mirred egress redirect dev {w1}" in cmds
 
 
 @pytest.mark.parametrize("port, addr", [("leaf1;reboot", None), ("leaf1-eth3", "02:00:00:00:00:01; true")])
