@@ -169,7 +169,8 @@ if [ ! -f "$venv/.req-$req_hash" ]; then
   "$venv/bin/pip" install -q --disable-pip-version-check --no-deps -e "$here"
   rm -f "$venv"/.req-* && touch "$venv/.req-$req_hash"
 fi
-# The switch ports' tc-BPF programs (fabric_emu/ports/bpf/port.c): compile them now, so a broken
-# tool chain shows here and not in the middle of a run; cached per source version.
-"$venv/bin/python" -c "from fabric_emu.ports.datapath import build_object; build_object()"
+# The switch ports' tc-BPF programs (fabric_emu/ports/bpf/port.c) and the PFC responder
+# (fabric_emu/ports/responder.c): compile them now, so a broken tool chain shows here and not in
+# the middle of a run; cached per source version.
+"$venv/bin/python" -c "from fabric_emu.ports import datapath, responder; datapath.build_object(); responder.build()"
 log "ready: $venv/bin/fabric-emu"

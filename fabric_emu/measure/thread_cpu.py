@@ -53,6 +53,21 @@ def read_threads(pid: int) -> Snapshot | None:
     return out
 
 
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is `pid` now (the PFC daemon's responder, say)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            text = open(f"/proc/{entry}/stat").read()
+        except OSError:
+            continue  # gone meanwhile
+        if int(text.rpartition(")")[2].split()[1]) == pid:  # field 4 of proc(5), after the state
+            out.append(int(entry))
+    return out
+
+
 def ovs_vswitchd_pid(pidfiles: tuple[str, ...] = OVS_PIDFILES) -> int | None:
     """The running ovs-vswitchd's pid from its pidfile (None if none runs)."""
     for path in pidfiles:

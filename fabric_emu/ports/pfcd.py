@@ -54,6 +54,7 @@ from fabric_emu.ports import queues
 from fabric_emu.ports import late_pauses
 from fabric_emu.ports.datapath import PortMaps
 from fabric_emu.ports.layout import EV_NIC_XOFF, EV_PFC_RX, EV_XOFF, EV_XON, NO_PORT, Event
+from fabric_emu.ports.responder import OP_CLOSE, OP_FAST_OFF, OP_FAST_ON, OP_OPEN, SRC_FAST, GateSpec, Report, Responder
 from fabric_emu.ports.watchdog import PortWatchdogs, clear_status
 from fabric_emu.kernel.shaping import IPRoutePool, link_index
 
@@ -64,10 +65,11 @@ LOSSLESS = queues.LOSSLESS
 HOST_COUNTS = ("peer_drops", "nic_rx_xoffs", "nic_rx_drops")  # kept per NIC at its leaf's port
 IDLE_POLL_S = 0.2
 REALTIME_PRIORITY = 10  # SCHED_FIFO; the loop only ever blocks in epoll, so it cannot hog a core
-# Sent through a port's qdisc right after its gate opens: a TBF that was closed is not
-# rescheduled by `tc change`, so without a new enqueue the class would sit idle until some
-# unrelated timer fired (~180 ms measured). A MAC control frame with the reserved opcode 0 is
-# consumed by the peer's MAC (its ingress program) and never delivered.
+RESPONDER_PRIORITY = REALTIME_PRIORITY + 1  # its fast closes go before the daemon's round
+# Sent through a port's qdisc right after its gate opens (by the responder): a TBF that was
+# closed is not rescheduled by `tc change`, so without a new enqueue the class would sit idle
+# until some unrelated timer fired (~180 ms measured). A MAC control frame with the reserved
+# opcode 0 is consumed by the peer's MAC (its ingress program) and never delivered.
 KICK_OPCODE = b"\x00\x00"
 
 
@@ -128,6 +130,11 @@ def tag_mac(port_id: int) -> bytes:
     return bytes([0x0E, 0xFE, 0xFF, 0xFF, port_id >> 8, port_id & 0xFF])
 
 
+def kick_frame(port_id: int) -> bytes:
+    """The frame that restarts a port's reopened lossless queue (KICK_OPCODE)."""
+    return (bytes.fromhex("0180c2000001") + tag_mac(port_id) + b"\x88\x08" + KICK_OPCODE).ljust(60, b"\0")
+
+
 def _socket_in(netns: str | None, bypass: bool) -> socket.socket:
     """An AF_PACKET socket created inside netns (the fd keeps working from any thread)."""
     made: list[socket.socket | BaseException] = []
@@ -173,14 +180,26 @@ class Daemon:
         self.receivers = {p.id: PauseReceiver() for p in cfg.ports}
         # One socket of each kind per namespace, not per port: closing a packet socket waits
         # for an RCU grace period (~20 ms), which made a 128-port daemon take 4 s to exit.
-        namespaces = {p.netns for p in cfg.ports}
+        namespaces = sorted({p.netns for p in cfg.ports}, key=lambda ns: ns or "")
         self.netlink = {ns: rtnl.netlink_socket(ns) for ns in namespaces}
-        self.kick = {ns: _socket_in(ns, bypass=False) for ns in namespaces}
         self.tx = _socket_in(None, bypass=True)  # PFC frames: switch ports are in the root namespace
         with IPRoutePool() as pool:
             self.gates = {p.id: queues.Gate(self.netlink[p.netns], p.intf, link_index(pool.get(p.netns), p.intf),
                                             p.emulated_bps, p.mtu, p.lossless_fifo)
                           for p in cfg.ports}
+        # The responder makes every gate change, and closes a local upstream's gate on an XOFF
+        # crossing (port -> that gate) by itself, while the watchdog does not hold either port.
+        self.fast = {x: paused_by(self.ports, {}, x) for x in self.senders if paused_by(self.ports, {}, x) != NO_PORT}
+        self.fast_on = dict.fromkeys(self.fast, True)
+        ns_index = {ns: i for i, ns in enumerate(namespaces)}
+        self.responder = Responder(
+            Path(cfg.stats_path).with_name("responder.conf"), cfg.pins, RESPONDER_PRIORITY,
+            [ns or "/proc/self/ns/net" for ns in namespaces],
+            [GateSpec(p.id, ns_index[p.netns], g.index, g.msgs[True], g.msgs[False], kick_frame(p.id))
+             for p, g in ((self.ports[i], g) for i, g in self.gates.items())], self.fast)
+        self.horizon = 0  # the latest port program event read (ns): the cause of every command
+        self.commanded: set[int] = set()  # gates commanded while handling the current event
+        self.responder_counts = {"workers": self.responder.workers, "fast_closes": 0, "stale": 0}
         # ingress port -> (ns its XOFF crossed in the kernel, ns the daemon handled it), unanswered
         self.crossed_at: dict[int, tuple[int, int]] = {}
         self.intervals: dict[str, list[list[float]]] = {}
@@ -197,7 +216,6 @@ class Daemon:
         self.next_reconcile = 0.0
         self.errors: list[str] = []
         self.outbox: list[tuple[int, int]] = []  # (port, quanta): frames to send this round
-        self.to_kick: set[int] = set()  # ports whose gate opened this round, kicked in _flush
         # PFC storms: host port -> the pauses it sends while its NIC storms; their log
         self.storms: dict[int, PauseSender] = {}
         self.storm_log: list[dict] = []
@@ -222,6 +240,7 @@ class Daemon:
         changed; SIGUSR2: traffic starts, the watchdog's polls count from now)."""
         poller = select.epoll()
         poller.register(self.ring.fd, select.EPOLLIN)
+        poller.register(self.responder.fileno(), select.EPOLLIN)
         if wakeup is not None:
             poller.register(wakeup, select.EPOLLIN)
         while not stop.is_set():
@@ -245,13 +264,22 @@ class Daemon:
         poller.close()
 
     def _drain(self, now: float) -> None:
+        for report in self.responder.reports():
+            self._applied(report)
         for raw in self.ring.records():
             self.events += 1
             ev = Event.unpack(raw)
+            self.horizon = max(self.horizon, ev.time_ns)
+            self.commanded.clear()
             try:
                 self._handle(ev, now)
             except OSError as e:  # a port vanishing during teardown, say
                 self.errors.append(f"event {ev}: {e}")
+            gate = self.fast.get(ev.port) if ev.type == EV_XOFF else None
+            if gate is not None and gate not in self.commanded:
+                # The responder may have closed it on this crossing, which the daemon did not
+                # honour (the link cut, the watchdog holding a port): the gate as the daemon has it.
+                self._gate(gate, "close" if self.receivers[gate].paused else "open")
 
     def _handle(self, ev: Event, now: float) -> None:
         if ev.type == EV_XOFF and ev.port in self.senders:
@@ -395,6 +423,7 @@ class Daemon:
         for port_id, what in self.watchdog.due(now):
             if what == "storm":
                 self.mitigated[port_id] = action
+                self._update_fast()  # before its gate opens below: no fast close after that
                 if action == "alert":
                     continue
                 if action == "drop":
@@ -409,6 +438,7 @@ class Daemon:
             else:
                 if self.mitigated.pop(port_id, None) == "drop":
                     self._hold(port_id, False)
+                self._update_fast()
 
     def _hold(self, port_id: int, drop: bool) -> None:
         """The drop action on a port's lossless queue: its egress drops, and its ingress's at the
@@ -458,11 +488,9 @@ class Daemon:
         return bool(flags & IFF_UP and flags & IFF_RUNNING)
 
     def _flush(self) -> None:
-        """The round's sends, once its gates are set: pause frames, then a kick for every gate
-        that opened and stayed open. A send runs the receive work pending on its CPU, and a
-        kick also runs its port's queue (the frames it releases cross the veth within the send:
-        0.04 ms at the median, up to 2 ms measured under busy loops), so an XOFF later in the
-        same round would wait behind it."""
+        """The round's pause frames, once its gate commands are out: a send runs the receive
+        work pending on its CPU. (The responder kicks each gate it opens: a kick also runs its
+        port's queue, 0.04 ms at the median, up to 2 ms measured under busy loops.)"""
         for port_id, quanta in self.outbox:
             port = self.ports[port_id]
             start = time.monotonic_ns()
@@ -477,21 +505,16 @@ class Daemon:
                 self.storm_now[port_id]["frames"] += 1
             self.maps.table.add(port_id, "pause_tx", 1, LOSSLESS)
         self.outbox.clear()
-        for port_id in self.to_kick:
-            start = time.monotonic_ns()
-            try:
-                self._kick(self.ports[port_id])
-            except OSError as e:  # a port vanishing during teardown, say
-                self.errors.append(f"kick out of {self.ports[port_id].intf}: {e}")
-                continue
-            self._took("kick", start)
-        self.to_kick.clear()
 
     def _took(self, what: str, start_ns: int) -> int:
         now_ns = time.monotonic_ns()
-        self.longest_ns[what] = max(self.longest_ns[what], now_ns - start_ns)
-        self.late_pauses.call(what, start_ns, now_ns)
+        self._span(what, start_ns, now_ns)
         return now_ns
+
+    def _span(self, what: str, start_ns: int, end_ns: int) -> None:
+        """One call of the daemon's or the responder's: its longest, and a late pause's company."""
+        self.longest_ns[what] = max(self.longest_ns[what], end_ns - start_ns)
+        self.late_pauses.call(what, start_ns, end_ns)
 
     def _tx_socket(self, port: DaemonPort) -> socket.socket:
         """Switch ports send from the root namespace; a storming NIC from its host's."""
@@ -502,41 +525,55 @@ class Daemon:
         return self.storm_tx[port.netns]
 
     def _gate(self, port_id: int, action: str | None, frame: PauseFrame | None = None) -> None:
-        """Open or close a port's gate; `frame`: the pause frame that closes it, if one does."""
+        """Have the responder open or close a port's gate, caused by every event read so far;
+        `frame`: the pause frame that closes it, if one does. The books are kept when the
+        responder reports the change (_applied)."""
         if action is None:
             return
-        port, table = self.ports[port_id], self.maps.table
-        start = time.monotonic_ns()
-        self.gates[port_id].set(action == "open")
-        now_ns = self._took("gate", start)
+        self.commanded.add(port_id)
+        crossed = self.crossed_at.pop(frame.sender, None) if frame is not None and action == "close" else None
+        origin, handled = crossed if crossed is not None else (0, 0)
+        self.responder.command(OP_OPEN if action == "open" else OP_CLOSE, port_id, self.horizon, origin, handled)
+
+    def _applied(self, r: Report) -> None:
+        """A gate change the responder made (or refused), in the order it made them."""
+        if r.error:
+            self.errors.append(f"gate of {self.ports[r.port].intf}: {os.strerror(-r.error)}")
+        self.responder_counts["stale"] += r.stale
+        if not r.changed:
+            return
+        self.responder_counts["fast_closes"] += r.source == SRC_FAST
+        self._span("gate", r.start_ns, r.applied_ns)
+        if r.kick_ns:
+            self._span("kick", r.applied_ns, r.applied_ns + r.kick_ns)
+        port, now_ns = self.ports[r.port], r.applied_ns
         if self.watchdog is not None:
-            self.watchdog.on_gate(port_id, action == "close", now_ns / 1e9)
-        if action == "close":
-            self.to_kick.discard(port_id)
-            table.set(port_id, "paused_since", now_ns, LOSSLESS)
+            self.watchdog.on_gate(r.port, not r.open, now_ns / 1e9)
+        if not r.open:  # the responder keeps paused_since and paused_ns in the map itself
             self.intervals.setdefault(port.intf, []).append([now_ns / 1e9, None])
-            crossed = self.crossed_at.pop(frame.sender, None) if frame is not None else None
-            if crossed is not None:
-                split = split_reaction(crossed, (frame.seen_ns, frame.handled_ns), now_ns)
+            if r.origin:
+                split = split_reaction((r.origin, r.handled), (None, None), now_ns)
                 self.reactions_s.append(split["total_s"])
-                self.late_pauses.pause(crossed[0], now_ns, split)
+                self.late_pauses.pause(r.origin, now_ns, split)
                 if split["total_s"] > self.worst_split.get("total_s", -1.0):
                     self.worst_split = split
                 self.stage_max = max_by_stage(self.stage_max, split)
         else:
-            self.to_kick.add(port_id)
-            since = table.get(port_id, "paused_since", LOSSLESS)
-            if since:
-                table.add(port_id, "paused_ns", now_ns - since, LOSSLESS)
-                table.set(port_id, "paused_since", 0, LOSSLESS)
             self.intervals[port.intf][-1][1] = now_ns / 1e9
 
-    def _kick(self, port: DaemonPort) -> None:
-        frame = bytes.fromhex("0180c2000001") + tag_mac(port.id) + b"\x88\x08" + KICK_OPCODE
-        self.kick[port.netns].sendto(frame.ljust(60, b"\0"), (port.intf, 0))
+    def _update_fast(self) -> None:
+        """The responder closes a gate on a crossing only while the watchdog holds neither the
+        crossing port (forward: it no longer pauses) nor the gate's port (its pauses ignored)."""
+        for x, gate in self.fast.items():
+            on = self.mitigated.get(x) != "forward" and self.mitigated.get(gate, "alert") == "alert"
+            if on != self.fast_on[x]:
+                self.fast_on[x] = on
+                self.responder.command(OP_FAST_ON if on else OP_FAST_OFF, x, self.horizon)
 
     # ------------------------------------------------------------------ end
     def close(self) -> dict:
+        for report in self.responder.close():  # no gate changes but the daemon's from here
+            self._applied(report)
         now_ns = time.monotonic_ns()
         for port_id, port in self.ports.items():  # close the books on pauses still running
             since = self.maps.table.get(port_id, "paused_since", LOSSLESS)
@@ -560,7 +597,7 @@ class Daemon:
         nic_rx = ({intf: {"xoffs": xoffs[intf], "drops": drops[intf]} for intf in xoffs}
                   if self.cfg.nic_rx_xon is not None else None)
         storm_drops = {intf: n for intf, n in self._counted("peer_drops").items() if n > 0}
-        for s in (self.tx, *self.kick.values(), *self.netlink.values(), *self.storm_tx.values()):
+        for s in (self.tx, *self.netlink.values(), *self.storm_tx.values()):
             s.close()
         self.ring.close()
         self.maps.close()
@@ -571,7 +608,8 @@ class Daemon:
                 "frames_sent": self.frames_sent, "frames_received": self.frames_received,
                 "events": self.events, "errors": self.errors[:20],
                 "events_lost": events_lost, "watchdog": watchdog,
-                "storms": self.storm_log, "storm_nic_drops": storm_drops, "nic_receive": nic_rx}
+                "storms": self.storm_log, "storm_nic_drops": storm_drops, "nic_receive": nic_rx,
+                "responder": self.responder_counts}
 
 
 def split_reaction(crossed: tuple[int, int], frame_seen: tuple[int | None, int | None], closed_ns: int) -> dict[str, float]:
@@ -683,6 +721,8 @@ def merge_stats(parts: list[dict]) -> dict:
     return {"intervals": union("intervals") or {}, "reaction_s": [r for p in parts for r in p.get("reaction_s", [])],
             "worst_reaction": max(worst, key=lambda w: w.get("total_s", 0.0)) if worst else {},
             "stage_max": most("stage_max"), "longest_call_ms": most("longest_call_ms"),
+            "responder": {k: sum((p.get("responder") or {}).get(k, 0) for p in parts)
+                          for k in ("workers", "fast_closes", "stale")},
             "late_wake": merge_late_wakes(parts), "late_pauses": late_pauses.merge(parts),
             **{k: sum(p.get(k, 0) for p in parts) for k in ("frames_sent", "frames_received", "events", "events_lost")},
             "errors": [e for p in parts for e in p.get("errors", [])][:20],

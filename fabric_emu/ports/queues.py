@@ -254,9 +254,10 @@ class Gate:
     def __init__(self, sock: socket.socket, ifname: str, index: int, rate_bps: float, mtu: int, limit: int):
         self.sock = sock
         self.ifname = ifname
+        self.index = index
         link = max(shaping.MIN_RATE_BYTES_PER_S, round(rate_bps / 8))
         frame = mtu + shaping.ETH_HEADER
-        self._msgs = {is_open: self._encode(index, _gate_params(link, frame, limit, is_open))
+        self.msgs = {is_open: self._encode(index, _gate_params(link, frame, limit, is_open))
                       for is_open in (True, False)}
 
     @staticmethod
@@ -270,7 +271,7 @@ class Gate:
         return bytes(msg.data)
 
     def set(self, is_open: bool) -> None:
-        self.sock.send(self._msgs[is_open])
+        self.sock.send(self.msgs[is_open])
         ack = self.sock.recv(65536)
         error = struct.unpack_from("=i", ack, 16)[0]  # nlmsgerr after the 16-byte header
         if error:

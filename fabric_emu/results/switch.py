@@ -65,6 +65,8 @@ def reaction_summary(daemon: dict, dilation: float) -> dict | None:
         out["late"] = daemon["late_pauses"]
     if daemon.get("gc_full"):  # the daemon's full garbage collections while it served pauses
         out["gc_full"] = daemon["gc_full"]
+    if daemon.get("responder"):  # its threads, the gates it closed before the daemon, changes it refused
+        out["responder"] = daemon["responder"]
     stages = daemon.get("stage_max")
     if stages:  # each stage's longest over all pauses, whichever pause it was
         out["stage_max_ms"] = {k.removesuffix("_s"): round(v * 1e3, 3) for k, v in stages.items()}

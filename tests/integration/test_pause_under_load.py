@@ -118,36 +118,34 @@ def _daemons() -> set[int]:
     return pids
 
 
-def _stop_the_daemon_now_and_then(done: threading.Event, windows: list[tuple[int, int]]) -> None:
+def _stop_the_daemon_now_and_then(done: threading.Event, windows: list[tuple[int, int]], group: bool) -> None:
     """Stop the run's PFC daemon (SIGSTOP) for STOP_S every EVERY_S until `done`, recording each
-    stop's CLOCK_MONOTONIC start and end (the clock the port programs stamp crossings with)."""
+    stop's CLOCK_MONOTONIC start and end (the clock the port programs stamp crossings with).
+    group: its responder too (the daemon leads a process group of the two)."""
     before = _daemons()
     pid = None
     while not done.is_set() and pid is None:
         pid = next(iter(_daemons() - before), None)
         time.sleep(0.05)
+    signal_it = os.killpg if group else os.kill
     while pid is not None and not done.wait(EVERY_S):
         try:
             start = time.monotonic_ns()
-            os.kill(pid, signal.SIGSTOP)
+            signal_it(pid, signal.SIGSTOP)
             time.sleep(STOP_S)
         except ProcessLookupError:  # the run is over
             return
         finally:
             end = time.monotonic_ns()
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
+                signal_it(pid, signal.SIGCONT)
         windows.append((start, end))
 
 
-def test_a_pause_the_daemon_was_stopped_for_is_recorded_late_and_closed_once_it_was_let_go(tmp_path_factory):
-    """The incast with its PFC daemon stopped for 50 ms every 200 ms: a pause that met a stop
-    cannot take effect before the test lets the daemon go. Judged against the test's own clock:
-    the slowest late pauses (pfc_reaction.late) are pauses that met a stop, and each closed only
-    after that stop ended (no gate closes while the daemon is stopped), whatever the machine did
-    besides."""
+def _incast_with_stops(tmp_path_factory, group: bool) -> tuple[dict, list[tuple[int, int]]]:
+    """The incast's summary.json pfc_reaction, with its daemon stopped now and then, and the stops."""
     done, windows = threading.Event(), []
-    stopper = threading.Thread(target=_stop_the_daemon_now_and_then, args=(done, windows))
+    stopper = threading.Thread(target=_stop_the_daemon_now_and_then, args=(done, windows, group))
     stopper.start()
     try:
         run_dir, r = run_shipped(tmp_path_factory, "incast")
@@ -156,7 +154,20 @@ def test_a_pause_the_daemon_was_stopped_for_is_recorded_late_and_closed_once_it_
         stopper.join()
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
     assert len(windows) > 10, windows  # the daemon was found and stopped, many times
-    reaction = read_json(run_dir / "summary.json")["pfc_reaction"]
+    summary = read_json(run_dir / "summary.json")
+    assert summary["status"] == "ok", summary["status"]
+    return summary, windows
+
+
+def test_a_pause_the_daemon_and_its_responder_were_stopped_for_is_recorded_late_and_closed_once_let_go(
+        tmp_path_factory):
+    """The incast with its PFC daemon and responder stopped for 50 ms every 200 ms: a pause that
+    met a stop cannot take effect before the test lets them go. Judged against the test's own
+    clock: the slowest late pauses (pfc_reaction.late) are pauses that met a stop, and each closed
+    only after that stop ended (no gate closes while both are stopped), whatever the machine did
+    besides."""
+    summary, windows = _incast_with_stops(tmp_path_factory, group=True)
+    reaction = summary["pfc_reaction"]
     late = reaction.get("late")
     assert late and late["count"] >= len(late["slowest"]) > 0, reaction
     for e in late["slowest"]:
@@ -164,3 +175,15 @@ def test_a_pause_the_daemon_was_stopped_for_is_recorded_late_and_closed_once_it_
         met = [(start, end) for start, end in windows if crossed < end and closed > start]
         assert len(met) == 1, (e, windows)  # it met one stop (they are 150 ms apart)
         assert closed >= met[0][1] - 0.002 * MS, (e, met)  # ms is rounded to the microsecond
+
+
+def test_pauses_take_effect_while_the_daemon_alone_is_stopped(tmp_path_factory):
+    """The same stops of the daemon alone: its responder closes each local upstream's gate on the
+    crossing without it (issue 20 part 4), so no pause waits for a stop to end. A quarter of the
+    run is stopped time; the slowest pause stays far below one stop, and the incast loses nothing."""
+    summary, windows = _incast_with_stops(tmp_path_factory, group=False)
+    reaction = summary["pfc_reaction"]
+    assert reaction["pauses_measured"] > 100, reaction
+    assert reaction["responder"]["fast_closes"] > 100, reaction  # closed by the responder, not the daemon
+    assert reaction["max_s"] < STOP_S / 5, reaction
+    assert summary["switch"]["lossless_drops"] == 0, summary["switch"]

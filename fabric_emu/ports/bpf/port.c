@@ -195,6 +195,14 @@ struct {
 	__uint(max_entries, 1 << 20);	/* ~26,000 events: the daemon may be off a CPU for a while */
 } events SEC(".maps");
 
+/* XOFF crossings again, for the PFC responder (fabric_emu/ports/responder.c), which closes the
+ * upstream's gate at once when the upstream is on this machine: a few thousand a run, never per
+ * packet, each waking it (BPF_RB_FORCE_WAKEUP) whatever the ring's position. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 18);
+} fast SEC(".maps");
+
 /* Dynamic load balancing (flowlet switching) of a leaf, for the RoCE traffic its hosts send to
  * other leaves. A flow (IP/UDP 4-tuple) keeps its uplink while its packets come less than
  * `inactivity_ns` apart; a packet after a longer gap starts a new flowlet, which takes the
@@ -297,6 +305,8 @@ static __always_inline void emit(struct port *p, __u32 type, __u32 port, __u32 q
 	};
 	if (bpf_ringbuf_output(&events, &ev, sizeof(ev), 0) && p)
 		__sync_fetch_and_add(&p->events_lost, 1);
+	if (type == EV_XOFF)	/* lost here, the daemon's own close still comes */
+		bpf_ringbuf_output(&fast, &ev, sizeof(ev), BPF_RB_FORCE_WAKEUP);
 }
 
 /* Bytes charged to ingress port `in` leave the switch (sent on, or dropped): credit them back
