@@ -3,8 +3,8 @@
  *
  * Why: a pause waited for the daemon, one Python process, to be scheduled, and on a virtual
  * machine the CPU it was queued on was sometimes not run for milliseconds while the other CPU was
- * free (docs/lossless-ports.md#headroom). Here one real-time thread per CPU waits for the same
- * work, and whichever runs first does it:
+ * free (docs/lossless-ports.md#headroom). Here one real-time thread per CPU (up to eight, spread
+ * over them) waits for the same work, and whichever runs first does it:
  *
  * - an XOFF crossing (the port programs' `fast` ring buffer) on a switch port whose upstream is on
  *   this machine closes that upstream's gate at once, as its MAC would on the pause frame (the
@@ -44,6 +44,7 @@
 #include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -51,7 +52,7 @@
 
 #define MAX_PORTS 4096 /* layout.py MAX_PORTS */
 #define MAX_NS 4096
-#define MAX_CPUS 256
+#define MAX_WORKERS 8 /* spread over the CPUs: each crossing wakes them all */
 #define MAX_MSG 2048 /* a TBF change with its rate table: ~1.1 KB */
 #define EV_XOFF 1
 #define RB_BUSY (1U << 31)
@@ -109,7 +110,7 @@ struct worker {
 	int nl[MAX_NS]; /* its own rtnetlink socket in each namespace: acks are never mixed up */
 	pthread_t thread;
 };
-static struct worker workers[MAX_CPUS];
+static struct worker workers[MAX_WORKERS];
 
 static void die(const char *what)
 {
@@ -448,9 +449,17 @@ int main(int argc, char **argv)
 	cpu_set_t cpus;
 	if (sched_getaffinity(0, sizeof cpus, &cpus))
 		die("sched_getaffinity");
-	for (int cpu = 0; cpu < CPU_SETSIZE && n_workers < MAX_CPUS; cpu++)
-		if (CPU_ISSET(cpu, &cpus))
+	int n_cpus = CPU_COUNT(&cpus), every = (n_cpus + MAX_WORKERS - 1) / MAX_WORKERS, seen = 0;
+	for (int cpu = 0; cpu < CPU_SETSIZE && n_workers < MAX_WORKERS; cpu++)
+		if (CPU_ISSET(cpu, &cpus) && seen++ % every == 0)
 			workers[n_workers++].cpu = cpu;
+	/* A socket per worker and namespace (a host's each): more than the default 1,024 fds on a
+	 * large fabric. */
+	struct rlimit nofile;
+	if (!getrlimit(RLIMIT_NOFILE, &nofile)) {
+		nofile.rlim_cur = nofile.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &nofile);
+	}
 	open_sockets();
 	int rt = 1;
 	for (int i = 0; i < n_workers; i++) {

@@ -2,8 +2,9 @@
 
 The daemon (fabric_emu.ports.pfcd) keeps every decision but one: when a switch port crosses
 xoff and its upstream is on this machine, the responder closes that upstream's gate itself, on
-whichever CPU runs first (one real-time thread per CPU), without waiting for the daemon, whose
-one CPU a virtual machine sometimes leaves unrun for milliseconds (docs/lossless-ports.md#headroom).
+whichever CPU runs first (one real-time thread per CPU, up to eight), without waiting for the
+daemon, whose one CPU a virtual machine sometimes leaves unrun for milliseconds
+(docs/lossless-ports.md#headroom).
 Every other change is the daemon's command. Each change carries its cause (the time of the
 latest port program event behind it), so a fast close that comes late never undoes the daemon's
 later reopening; responder.c says how. The responder reports every change back; the daemon keeps

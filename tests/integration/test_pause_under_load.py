@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fabric_emu.measure.thread_cpu import children_of
 from tests.integration.fabric_checks import late_pauses_said, read_json, run_shipped
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -118,16 +119,21 @@ def _daemons() -> set[int]:
     return pids
 
 
-def _stop_the_daemon_now_and_then(done: threading.Event, windows: list[tuple[int, int]], group: bool) -> None:
-    """Stop the run's PFC daemon (SIGSTOP) for STOP_S every EVERY_S until `done`, recording each
-    stop's CLOCK_MONOTONIC start and end (the clock the port programs stamp crossings with).
-    group: its responder too (the daemon leads a process group of the two)."""
+def _stop_now_and_then(done: threading.Event, windows: list[tuple[int, int]], which: str) -> None:
+    """Stop the run's PFC daemon, its responder or both (`which`: "daemon", "responder", "both";
+    SIGSTOP) for STOP_S every EVERY_S until `done`, recording each stop's CLOCK_MONOTONIC start
+    and end (the clock the port programs stamp crossings with)."""
     before = _daemons()
     pid = None
     while not done.is_set() and pid is None:
         pid = next(iter(_daemons() - before), None)
         time.sleep(0.05)
-    signal_it = os.killpg if group else os.kill
+    if pid is not None and which == "responder":  # the daemon starts it once it has booted
+        daemon, pid = pid, None
+        while not done.is_set() and pid is None:
+            pid = next(iter(children_of(daemon)), None)
+            time.sleep(0.05)
+    signal_it = os.killpg if which == "both" else os.kill  # the daemon leads a process group of the two
     while pid is not None and not done.wait(EVERY_S):
         try:
             start = time.monotonic_ns()
@@ -142,10 +148,10 @@ def _stop_the_daemon_now_and_then(done: threading.Event, windows: list[tuple[int
         windows.append((start, end))
 
 
-def _incast_with_stops(tmp_path_factory, group: bool) -> tuple[dict, list[tuple[int, int]]]:
-    """The incast's summary.json pfc_reaction, with its daemon stopped now and then, and the stops."""
+def _incast_with_stops(tmp_path_factory, which: str) -> tuple[dict, list[tuple[int, int]]]:
+    """The incast's summary.json, with its daemon or responder stopped now and then, and the stops."""
     done, windows = threading.Event(), []
-    stopper = threading.Thread(target=_stop_the_daemon_now_and_then, args=(done, windows, group))
+    stopper = threading.Thread(target=_stop_now_and_then, args=(done, windows, which))
     stopper.start()
     try:
         run_dir, r = run_shipped(tmp_path_factory, "incast")
@@ -166,7 +172,7 @@ def test_a_pause_the_daemon_and_its_responder_were_stopped_for_is_recorded_late_
     clock: the slowest late pauses (pfc_reaction.late) are pauses that met a stop, and each closed
     only after that stop ended (no gate closes while both are stopped), whatever the machine did
     besides."""
-    summary, windows = _incast_with_stops(tmp_path_factory, group=True)
+    summary, windows = _incast_with_stops(tmp_path_factory, "both")
     reaction = summary["pfc_reaction"]
     late = reaction.get("late")
     assert late and late["count"] >= len(late["slowest"]) > 0, reaction
@@ -181,9 +187,22 @@ def test_pauses_take_effect_while_the_daemon_alone_is_stopped(tmp_path_factory):
     """The same stops of the daemon alone: its responder closes each local upstream's gate on the
     crossing without it (issue 20 part 4), so no pause waits for a stop to end. A quarter of the
     run is stopped time; the slowest pause stays far below one stop, and the incast loses nothing."""
-    summary, windows = _incast_with_stops(tmp_path_factory, group=False)
+    summary, windows = _incast_with_stops(tmp_path_factory, "daemon")
     reaction = summary["pfc_reaction"]
     assert reaction["pauses_measured"] > 100, reaction
     assert reaction["responder"]["fast_closes"] > 100, reaction  # closed by the responder, not the daemon
     assert reaction["max_s"] < STOP_S / 5, reaction
+    assert summary["switch"]["lossless_drops"] == 0, summary["switch"]
+
+
+def test_a_late_fast_close_never_undoes_the_daemons_reopening(tmp_path_factory):
+    """The same stops of the responder alone: each time it is let go it finds the crossings of
+    the stop waiting in its ring and the daemon's commands in its socket, among them reopenings
+    of the gates those crossings would close, answered by XONs meanwhile. A gate takes no change
+    older than the last it took (responder.c), so those closes are refused and counted; taken,
+    they would leave gates shut that the daemon holds open, and the incast would stall to its
+    deadline."""
+    summary, _ = _incast_with_stops(tmp_path_factory, "responder")
+    reaction = summary["pfc_reaction"]
+    assert reaction["responder"]["stale"] > 0, reaction  # the stops did make late closes
     assert summary["switch"]["lossless_drops"] == 0, summary["switch"]
