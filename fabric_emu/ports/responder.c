@@ -286,6 +286,17 @@ static void kick(struct gate *g)
 	sendto(kick_sock[g->ns], g->kick, sizeof g->kick, 0, (struct sockaddr *)&sll, sizeof sll);
 }
 
+/* Whether a gate whose last change had cause last_cause (and whose last daemon command was
+ * last_seq) takes a change: a fast close needs a later cause (the daemon's changes at the same
+ * cause knew of its crossing); a daemon command, the same cause or later, and a later sequence.
+ * Not static: tests/unit/test_responder.py calls it. */
+int responder_admits(uint64_t last_cause, uint64_t last_seq, int source, uint64_t cause, uint64_t seq)
+{
+	if (cause < last_cause || (cause == last_cause && source == SRC_FAST))
+		return 0;
+	return source == SRC_FAST || seq > last_seq;
+}
+
 static volatile uint64_t *port_word(uint32_t id, size_t offset)
 {
 	return (volatile uint64_t *)(ports_mem + id * stride + offset);
@@ -310,10 +321,7 @@ static void apply(struct worker *w, uint32_t id, int open, int source, uint64_t 
 	struct report r = {.port = id, .open = open, .source = source, .cause = cause, .origin = origin,
 			   .handled = handled};
 	pthread_mutex_lock(&g->lock);
-	/* A fast close needs a later cause than the last change (the daemon's changes at the same
-	 * cause knew of its crossing); a daemon command, the same or later, and a later sequence. */
-	if (cause < g->last_cause || (cause == g->last_cause && source == SRC_FAST) ||
-	    (source == SRC_DAEMON && seq <= g->last_seq)) {
+	if (!responder_admits(g->last_cause, g->last_seq, source, cause, seq)) {
 		r.stale = 1;
 	} else {
 		g->last_cause = cause;
@@ -436,6 +444,7 @@ static void *serve(void *arg)
 	return NULL;
 }
 
+#ifndef RESPONDER_LIB /* tests/unit/test_responder.py builds the rest as a library */
 int main(int argc, char **argv)
 {
 	if (argc != 3) {
@@ -499,3 +508,4 @@ int main(int argc, char **argv)
 	for (;;)
 		pause();
 }
+#endif
