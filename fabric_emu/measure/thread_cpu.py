@@ -68,6 +68,13 @@ def children_of(pid: int) -> list[int]:
     return out
 
 
+def pfc_processes(daemon_pid: int | None) -> dict[int, str]:
+    """A PFC daemon and its responder (its child), by pid, labelled for the CPU monitor."""
+    if daemon_pid is None:
+        return {}
+    return {daemon_pid: "pfc-daemon", **dict.fromkeys(children_of(daemon_pid), "pfc-responder")}
+
+
 def ovs_vswitchd_pid(pidfiles: tuple[str, ...] = OVS_PIDFILES) -> int | None:
     """The running ovs-vswitchd's pid from its pidfile (None if none runs)."""
     for path in pidfiles:

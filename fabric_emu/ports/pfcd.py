@@ -158,17 +158,6 @@ def _socket_in(netns: str | None, bypass: bool) -> socket.socket:
     return made[0]
 
 
-@dataclass(frozen=True)
-class PauseFrame:
-    """A pause frame as the daemon met it: the port that sent it, when the upstream port's
-    program saw it (bpf_ktime_get_ns) and when the daemon handled that event (monotonic ns);
-    None for both when it took effect as it was sent (both ends here, see Daemon._send)."""
-
-    sender: int
-    seen_ns: int | None = None
-    handled_ns: int | None = None
-
-
 class Daemon:
     def __init__(self, cfg: Config):
         self.cfg = cfg
@@ -189,7 +178,8 @@ class Daemon:
                           for p in cfg.ports}
         # The responder makes every gate change, and closes a local upstream's gate on an XOFF
         # crossing (port -> that gate) by itself, while the watchdog does not hold either port.
-        self.fast = {x: paused_by(self.ports, {}, x) for x in self.senders if paused_by(self.ports, {}, x) != NO_PORT}
+        upstreams = {x: paused_by(self.ports, {}, x) for x in self.senders}
+        self.fast = {x: gate for x, gate in upstreams.items() if gate != NO_PORT}
         self.fast_on = dict.fromkeys(self.fast, True)
         ns_index = {ns: i for i, ns in enumerate(namespaces)}
         self.responder = Responder(
@@ -301,14 +291,15 @@ class Daemon:
                 self.watchdog.on_pause_frame(receiver, now)
             if ev.port in self.senders:
                 return  # a switch port's frame to a port here: honoured as it was sent (_send)
-            self._honour(receiver, ev.quanta, now, PauseFrame(ev.port, ev.time_ns, time.monotonic_ns()))
+            self._honour(receiver, ev.quanta, now, ev.port)
 
-    def _honour(self, receiver: int, quanta: int, now: float, frame: PauseFrame | None = None) -> None:
-        """A pause frame for port `receiver` takes effect: its gate closes for the quanta (or opens)."""
+    def _honour(self, receiver: int, quanta: int, now: float, sender: int | None = None) -> None:
+        """A pause frame for port `receiver` (from port `sender`) takes effect: its gate closes for
+        the quanta (or opens)."""
         if receiver in self.mitigated and self.mitigated[receiver] != "alert":
             return  # counted, not honoured: the watchdog holds this queue
         action = self.receivers[receiver].on_frame(now, self._pause_s(self.ports[receiver], quanta))
-        self._gate(receiver, action, frame)
+        self._gate(receiver, action, sender)
 
     def _reconcile(self, now: float) -> None:
         """Bring every sender in line with its port's xoff_state (events lost on the way)."""
@@ -467,7 +458,7 @@ class Daemon:
         peer = paused_by(self.ports, {}, port_id) if port_id in self.senders else NO_PORT
         for quanta in quanta_list:
             if peer != NO_PORT:
-                self._honour(peer, quanta, time.monotonic(), PauseFrame(port_id))
+                self._honour(peer, quanta, time.monotonic(), port_id)
             self.outbox.append((port_id, quanta))
             if quanta == 0:
                 self.crossed_at.pop(port_id, None)
@@ -524,14 +515,14 @@ class Daemon:
             self.storm_tx[port.netns] = _socket_in(port.netns, bypass=True)
         return self.storm_tx[port.netns]
 
-    def _gate(self, port_id: int, action: str | None, frame: PauseFrame | None = None) -> None:
+    def _gate(self, port_id: int, action: str | None, sender: int | None = None) -> None:
         """Have the responder open or close a port's gate, caused by every event read so far;
-        `frame`: the pause frame that closes it, if one does. The books are kept when the
-        responder reports the change (_applied)."""
+        `sender`: the port whose pause frame closes it, if one does (its crossing is the pause's
+        origin). The books are kept when the responder reports the change (_applied)."""
         if action is None:
             return
         self.commanded.add(port_id)
-        crossed = self.crossed_at.pop(frame.sender, None) if frame is not None and action == "close" else None
+        crossed = self.crossed_at.pop(sender, None) if sender is not None and action == "close" else None
         origin, handled = crossed if crossed is not None else (0, 0)
         self.responder.command(OP_OPEN if action == "open" else OP_CLOSE, port_id, self.horizon, origin, handled)
 

@@ -47,7 +47,7 @@ from fabric_emu.kernel.ovs_datapath import datapath_of
 from fabric_emu.kernel.shaping import open_iproute
 from fabric_emu.measure import counters
 from fabric_emu.measure.fidelity import CpuMonitor
-from fabric_emu.measure.thread_cpu import children_of
+from fabric_emu.measure.thread_cpu import pfc_processes
 from fabric_emu.ports import datapath, queues
 from fabric_emu.ports.model import PortEnd, port_plan_from_args, remote_peers, share_of
 from fabric_emu.ports.runtime import LosslessPorts
@@ -123,9 +123,7 @@ class MachineShare:
     def cpu_start(self) -> str:
         """The CPU monitor, watching this machine's PFC daemon and its NIC engines: started over
         ssh by the head, they are found by their config in this share's folder."""
-        watched = {self.lossless.daemon.pid: "pfc-daemon"} if self.lossless and self.lossless.daemon else {}
-        for daemon in list(watched):
-            watched.update(dict.fromkeys(children_of(daemon), "pfc-responder"))
+        watched = pfc_processes(self.lossless.daemon.pid if self.lossless and self.lossless.daemon else None)
         for proc in Path("/proc").iterdir():
             if proc.name.isdigit():
                 try:

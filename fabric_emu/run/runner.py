@@ -28,7 +28,7 @@ from fabric_emu.state.cleanup import clean_record, clean_stale
 from fabric_emu.spec.experiment import ExperimentSpec
 from fabric_emu.spec.load import resolved_dict
 from fabric_emu.measure.fidelity import CpuMonitor
-from fabric_emu.measure.thread_cpu import children_of
+from fabric_emu.measure.thread_cpu import pfc_processes
 from fabric_emu.kernel.ovs_datapath import datapath_fields, datapath_of
 from fabric_emu.live.manifest import LiveManifest
 from fabric_emu.live.publish import RunPublisher, live_ports, manifest_path
@@ -426,9 +426,7 @@ class Runner:
         if self.routed.ctrl is not None:
             procs[self.routed.ctrl.pid] = "controller"
         daemon = getattr(self.routed.ports, "daemon", None)
-        if daemon is not None:
-            procs[daemon.pid] = "pfc-daemon"
-            procs.update(dict.fromkeys(children_of(daemon.pid), "pfc-responder"))
+        procs.update(pfc_processes(daemon.pid if daemon is not None else None))
         return procs
 
     def _tear_down(self, record: RunRecord, workdir: Path, run_dir: Path) -> None:
