@@ -1,9 +1,10 @@
 """The few bpf(2) calls fabric-emu needs, through ctypes: open pinned objects, update a hash
 map, mmap an array map, and consume a ring buffer.
 
-Loading is left to bpftool (`prog loadall ... pinmaps`), attaching to pyroute2 (tc filters take
-a program fd). Reading counters goes through mmap: no system call per read, so a sampler can
-read every port of a fabric many times a second.
+Loading is left to bpftool (`prog loadall ... pinmaps`), attaching tc filters to raw rtnetlink
+(fabric_emu.kernel.rtnl: they take a program fd); a tracepoint program is attached here, by a
+link this module pins. Reading counters goes through mmap: no system call per read, so a
+sampler can read every port of a fabric many times a second.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ BPF_MAP_LOOKUP_ELEM = 1
 BPF_MAP_UPDATE_ELEM = 2
 BPF_MAP_GET_NEXT_KEY = 4
 BPF_MAP_DELETE_ELEM = 3
+BPF_OBJ_PIN = 6
 BPF_OBJ_GET = 7
 BPF_PROG_TEST_RUN = 10
 BPF_OBJ_GET_INFO_BY_FD = 15
+BPF_RAW_TRACEPOINT_OPEN = 17
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -41,6 +44,18 @@ def obj_get(path: str) -> int:
     """An fd for a pinned program or map."""
     cpath = ctypes.create_string_buffer(path.encode())
     return _bpf(BPF_OBJ_GET, struct.pack("=QII", ctypes.addressof(cpath), 0, 0))
+
+
+def obj_pin(fd: int, path: str) -> None:
+    """Pin a program, map or link: it lives as long as the pin (or an open fd) does."""
+    cpath = ctypes.create_string_buffer(path.encode())
+    _bpf(BPF_OBJ_PIN, struct.pack("=QII", ctypes.addressof(cpath), fd, 0))
+
+
+def raw_tracepoint_open(prog_fd: int) -> int:
+    """Attach a BTF tracepoint program (tp_btf/<name>: the program names its tracepoint);
+    returns the link's fd: the program stays attached while it, or a pin of it, lives."""
+    return _bpf(BPF_RAW_TRACEPOINT_OPEN, struct.pack("=QI", 0, prog_fd))
 
 
 def map_update(fd: int, key: bytes, value: bytes) -> None:

@@ -3,7 +3,9 @@
 Kernel plumbing only; what each port gets comes from fabric_emu.ports.model. The object is
 compiled once per source version (clang, cached under /var/lib/fabric-emu/bpf/), loaded by
 bpftool with its maps pinned under /sys/fs/bpf/fabric-emu/<run id>/ (the run record lists that
-folder, so cleanup removes it), and attached by raw rtnetlink (clsact + direct-action filters).
+folder, so cleanup removes it), and attached by raw rtnetlink (clsact + direct-action filters);
+the charge of each frame entering a switch by a tracepoint (port.c, switch_arrival), whose link
+is pinned in the same folder, so removing it detaches them.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ CLSACT_INGRESS = 0xFFFFFFF2
 CLSACT_EGRESS = 0xFFFFFFF3
 PROGRAMS = ("switch_egress", "switch_ingress", "host_egress", "host_ingress", "qp_classify",
             "stitch_out", "stitch_in")
+TRACEPOINT_PROGRAMS = ("switch_arrival", "switch_arrival_dropped")
 
 
 def build_object() -> Path:
@@ -119,9 +122,26 @@ def load(run_id: str) -> Path:
     obj = build_object()
     pins = pin_dir(run_id)
     pins.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["bpftool", "prog", "loadall", str(obj), str(pins / "progs"), "type", "classifier",
+    subprocess.run(["bpftool", "prog", "loadall", str(obj), str(pins / "progs"),
                     "pinmaps", str(pins / "maps")], check=True, capture_output=True, text=True)
+    (pins / "links").mkdir()
+    for name in TRACEPOINT_PROGRAMS:  # they charge nothing until attach() names the switch ports
+        prog = program_fd(pins, name)
+        try:
+            link = bpfsys.raw_tracepoint_open(prog)
+            try:
+                bpfsys.obj_pin(link, str(pins / "links" / name))
+            finally:
+                os.close(link)
+        finally:
+            os.close(prog)
     return pins
+
+
+def netns_inode(netns: str | None) -> int:
+    """The inode number of a network namespace (a path under /var/run/netns, or None: this
+    process's), as the kernel's struct net has it (ns.inum)."""
+    return os.stat(netns or "/proc/self/ns/net").st_ino
 
 
 def attach(pins: Path, ends: Iterable[PortEnd], netns_of: dict[str, str | None], maps: PortMaps) -> None:
@@ -129,7 +149,19 @@ def attach(pins: Path, ends: Iterable[PortEnd], netns_of: dict[str, str | None],
     and an entry in port_of_ifindex; host NICs get host_egress + host_ingress, and qp_classify
     on their per-QP HTB 30: when shape_classes built one (queues.PortQueues.qp_classes).
     Raw rtnetlink requests on one socket per namespace (fabric_emu.kernel.rtnl), as the class
-    trees are built: pyroute2's tc() took ~0.2 s of a 32-host fabric's start-up here."""
+    trees are built: pyroute2's tc() took ~0.2 s of a 32-host fabric's start-up here.
+    Switch ports must share one network namespace (their ifindexes key port_of_ifindex), whose
+    inode switch_arrival compares each frame's device's with."""
+    ends = list(ends)
+    switch_netns = {netns_of.get(e.node) for e in ends if e.role == "switch"}
+    if len(switch_netns) > 1:
+        raise ValueError(f"switch ports in more than one network namespace: {sorted(map(str, switch_netns))}")
+    if switch_netns:
+        netns_fd = bpfsys.obj_get(str(pins / "maps" / "switch_netns"))
+        try:
+            bpfsys.map_update(netns_fd, struct.pack("=I", 0), struct.pack("=I", netns_inode(switch_netns.pop())))
+        finally:
+            os.close(netns_fd)
     fds = {name: bpfsys.obj_get(str(pins / "progs" / name)) for name in PROGRAMS}
     socks: dict[str | None, socket.socket] = {}
     try:

@@ -7,7 +7,7 @@ import struct
 from dataclasses import dataclass
 
 NPRIO = 8
-PORT_BYTES = 1088
+PORT_BYTES = 1112
 MAX_PORTS = 4096
 NO_PORT = 0xFFFF
 
@@ -32,6 +32,7 @@ FIELDS: tuple[tuple[str, int], ...] = (
     ("wd_status", 1), ("wd_detected", 1), ("wd_restored", 1),
     ("nic_rx_rate", 1), ("nic_rx_limit", 1), ("nic_rx_xoff", 1), ("nic_rx_occ", 1), ("nic_rx_last", 1),
     ("nic_rx_state", 1), ("nic_rx_xoffs", 1), ("nic_rx_drops", 1), ("link_cut", 1), ("cut_drops", 1),
+    ("handed_over", 1), ("handoff_charges", 1), ("ingress_charges", 1),
 )
 
 

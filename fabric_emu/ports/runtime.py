@@ -376,8 +376,15 @@ class LosslessPorts:
         return held, pairs
 
     def settled_charges(self) -> dict:
-        """summary.json's `pfc_accounting` (settled_charges below)."""
-        return settled_charges(self.charges)
+        """summary.json's `pfc_accounting` (settled_charges below), with how many lossless frames
+        the switch ports charged as their links handed them over and how many only at their tc
+        ingress, since the ports were installed (bpf/port.c, "Charging at the hand-off")."""
+        assert self.maps is not None
+        t = self.maps.table
+        switch = [e.id for e in self.ports.ends if e.role == "switch"]
+        return {**settled_charges(self.charges),
+                "charged_frames": {"on_handoff": sum(t.get(i, "handoff_charges") for i in switch),
+                                   "at_ingress": sum(t.get(i, "ingress_charges") for i in switch)}}
 
     @cached_property
     def _switch_port_names(self) -> dict[int, tuple[str, str]]:

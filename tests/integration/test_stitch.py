@@ -210,10 +210,11 @@ def test_full_frames_cross_whole_untagged_and_are_accounted_on_both_machines(lin
     finally:
         for s in (tx, rx, outer):
             s.close()
-    # a. every frame, whole, its tag cleared (02:00 and the rest of the tag kept)
+    # a. every frame, whole, its tag cleared (02:00 and the rest of the tag kept), but for the
+    #    bit that has swB charge it as it is handed over (02:01: a lossless frame with TTL left)
     assert len(got) == n
     assert {len(f) for f in got} == {FRAME}
-    assert {f[6:12] for f in got} == {bytes([2, 0, 0, INGRESS, 0, SWA])}
+    assert {f[6:12] for f in got} == {bytes([2, 1, 0, INGRESS, 0, SWA])}
     assert {fragment_field(f) for f in got} == {0x4000}  # DF, no fragment
     assert all(ip_checksum_ok(f[14:34]) for f in got)
     # ... each in one outer packet on the underlay (DF too), no fragment there either

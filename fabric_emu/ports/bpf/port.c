@@ -13,8 +13,12 @@
  *   switch_ingress every switch port, ingress: the frame has left its upstream queue, so the
  *   host_ingress   bytes are credited back to it (and XON crossings signalled); PFC frames are
  *                  consumed and reported to the PFC daemon. At a switch port a lossless frame
- *                  is then charged to the port it enters by, and XOFF crossings signalled.
- *                  host_ingress (host NICs) does the same without the charge.
+ *                  is then charged to the port it enters by, less what switch_arrival charged
+ *                  ahead of it, and XOFF crossings signalled. host_ingress (host NICs) does
+ *                  the same without the charge.
+ *   switch_arrival tracepoint net:netif_rx: charges a lossless frame to the switch port it
+ *                  enters by where its veth hands it over (see "Charging at the hand-off");
+ *                  switch_arrival_dropped gives back the charge of one the kernel then drops.
  *   host_egress    host NICs, egress: traffic class; and when the host's leaf runs DLB, the
  *                  leaf's flowlet stage (below), which picks each new flowlet's uplink.
  *   qp_classify    host NICs, a filter of the per-queue-pair HTB inside the RoCE class's PFC
@@ -40,8 +44,10 @@
 #include <linux/pkt_cls.h>
 #include <linux/types.h>
 #include <stddef.h>
+#include <bpf/bpf_core_read.h>
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
 
 #define NPRIO 8
 #define MAX_PORTS 4096
@@ -64,6 +70,27 @@
  * whose queue drops one frame. */
 #define TAG0 0x0e
 #define TAG1 0xfe
+/* Bit 0 of the source MAC's second byte: "charge this frame where its link hands it to a switch"
+ * (a lossless IPv4 frame with TTL left to forward), set by the egress program that sent it:
+ * see "Charging at the hand-off". TAG1, UNTAG1 and the hosts' MACs (02:fe:..., topo/plan.py)
+ * have it clear. */
+#define MAC_CHARGE 0x01
+/* 02:00: a locally administered unicast MAC that is no tag (stitch_out; the other four bytes
+ * stay). Hosts' MACs start 02:fe. */
+#define UNTAG0 0x02
+#define UNTAG1 0x00
+
+static __always_inline int tagged(const struct ethhdr *eth)
+{
+	return eth->h_source[0] == TAG0 && (eth->h_source[1] & ~MAC_CHARGE) == TAG1;
+}
+
+/* Marked MAC_CHARGE: by a switch (0e:ff), a host (02:ff) or a switch on another machine (02:01). */
+static __always_inline int marked_to_charge(const __u8 *src)
+{
+	return (src[0] == TAG0 && src[1] == (TAG1 | MAC_CHARGE)) ||
+	       (src[0] == UNTAG0 && (src[1] == (TAG1 | MAC_CHARGE) || src[1] == (UNTAG1 | MAC_CHARGE)));
+}
 
 #define PORT_SWITCH 1
 #define PORT_ECN 2
@@ -132,8 +159,12 @@ struct port {
 	 * sees them: their charge stayed for good, and paused that ingress's upstream for ever.) */
 	__u64 link_cut;	/* runner: 1 while this port's link is cut */
 	__u64 cut_drops;	/* programs: frames dropped at this egress because its link was cut */
+	/* Charging at the hand-off (below): lossless bytes switch_arrival charged that the port's tc
+	 * ingress has not yet taken in (signed), and the frames charged there and at the tc ingress. */
+	__u64 handed_over;
+	__u64 handoff_charges, ingress_charges;
 };
-_Static_assert(sizeof(struct port) == 1088, "struct port must stay 1088 bytes (fabric_emu/ports/layout.py)");
+_Static_assert(sizeof(struct port) == 1112, "struct port must stay 1112 bytes (fabric_emu/ports/layout.py)");
 
 struct event {
 	__u64 time_ns;	/* bpf_ktime_get_ns: CLOCK_MONOTONIC */
@@ -322,6 +353,30 @@ static __always_inline void credit_held(struct port *in, __u32 in_id, __u32 prio
 	}
 }
 
+/* A lossless frame enters a switch by port `me`: charge it, and signal XOFF at xoff. */
+static __always_inline void charge(struct port *me, __u32 me_id, __u32 len)
+{
+	__u64 held = __sync_fetch_and_add(&me->held[PRIO_LOSSLESS], len) + len;
+	if (held > me->max_held[PRIO_LOSSLESS])
+		me->max_held[PRIO_LOSSLESS] = held;
+	if (held >= me->xoff && __sync_val_compare_and_swap(&me->xoff_state, 0, 1) == 0) {
+		__sync_fetch_and_add(&me->xoff_crossings, 1);
+		emit(me, EV_XOFF, me_id, 0, 0, held);
+	}
+}
+
+/* Take up to len bytes of what switch_arrival charged ahead; returns how many. */
+static __always_inline __u32 take_handed_over(struct port *me, __u32 len)
+{
+	for (int i = 0; i < 8; i++) {
+		__s64 have = (__s64)me->handed_over;
+		__u32 take = have <= 0 ? 0 : have < len ? (__u32)have : len;
+		if (!take || __sync_val_compare_and_swap(&me->handed_over, (__u64)have, (__u64)(have - take)) == (__u64)have)
+			return take;
+	}
+	return 0;	/* never seen: 8 changes by other CPUs in between; charged in full, as before */
+}
+
 /* A tagged frame has arrived at the far end of its link (or left its machine: stitch_out):
  * credit the queue of the port that sent it and, for a lossless frame, the ingress port and
  * pair it was charged to. Returns the sending port, if it is one of this map's. */
@@ -399,7 +454,7 @@ int switch_egress(struct __sk_buff *skb)
 	skb->priority = HTB_MAJOR | (CLASS_MINOR_BASE + prio);
 	if (eth->h_proto == bpf_htons(ETH_P_MAC_CONTROL))
 		return TC_ACT_OK;	/* the daemon's wake-up frames: the far end consumes them uncounted */
-	if (eth->h_source[0] == TAG0 && eth->h_source[1] == TAG1)
+	if (tagged(eth))
 		in_id = (eth->h_source[2] << 8) | eth->h_source[3];
 	struct port *in = in_id != NO_PORT ? bpf_map_lookup_elem(&ports, &in_id) : 0;
 	if (!in)
@@ -465,7 +520,8 @@ int switch_egress(struct __sk_buff *skb)
 			bytes[1] = ip->tos | 3;
 		}
 	}
-	__u8 mac[6] = {TAG0, TAG1, in_id >> 8, in_id & 0xff, out_id >> 8, out_id & 0xff};
+	__u8 charge = ip && prio == PRIO_LOSSLESS && ip->ttl > 1 ? MAC_CHARGE : 0;
+	__u8 mac[6] = {TAG0, TAG1 | charge, in_id >> 8, in_id & 0xff, out_id >> 8, out_id & 0xff};
 
 	__u64 queued = __sync_fetch_and_add(&out->queue[prio], len) + len;
 	if (queued > out->max_queue[prio])
@@ -492,10 +548,8 @@ struct pfc_frame {
 
 /* A frame arrives at a link end: the bytes have left the upstream queue, so they are credited
  * back to it and to the ingress port they were charged to (XON when that port falls below
- * xon); PFC frames are consumed here and reported to the daemon. At a switch port, a lossless
- * frame is then charged to this port as it enters the switch (XOFF above xoff): a switch
- * accounts its buffer from arrival, so frames still waiting in Open vSwitch's receive queue
- * already count, as the bytes in a real switch's ingress pipeline do. */
+ * xon); PFC frames are consumed here and reported to the daemon. (A lossless frame entering a
+ * switch was charged to its port before it got here: switch_arrival.) */
 static __always_inline int ingress(struct __sk_buff *skb, int at_switch)
 {
 	pull_headers(skb);
@@ -509,7 +563,7 @@ static __always_inline int ingress(struct __sk_buff *skb, int at_switch)
 	if ((void *)(eth + 1) > end)
 		return TC_ACT_OK;
 	__u32 prio = prio_of(data, end, &ip) & (NPRIO - 1);
-	if (eth->h_source[0] == TAG0 && eth->h_source[1] == TAG1) {
+	if (tagged(eth)) {
 		__u32 in_id = (eth->h_source[2] << 8) | eth->h_source[3];
 		__u32 out_id = (eth->h_source[4] << 8) | eth->h_source[5];
 
@@ -551,12 +605,10 @@ static __always_inline int ingress(struct __sk_buff *skb, int at_switch)
 	 * it takes no buffer, as in a switch that drops it before admission. */
 	if (ip && ip->ttl <= 1)
 		return TC_ACT_OK;
-	__u64 held = __sync_fetch_and_add(&me->held[prio], len) + len;
-	if (held > me->max_held[prio])
-		me->max_held[prio] = held;
-	if (held >= me->xoff && __sync_val_compare_and_swap(&me->xoff_state, 0, 1) == 0) {
-		__sync_fetch_and_add(&me->xoff_crossings, 1);
-		emit(me, EV_XOFF, me_id, 0, 0, held);
+	__u32 due = len - take_handed_over(me, len);
+	if (due) {
+		__sync_fetch_and_add(&me->ingress_charges, 1);
+		charge(me, me_id, due);
 	}
 	return TC_ACT_OK;
 }
@@ -572,6 +624,118 @@ SEC("tc")
 int host_ingress(struct __sk_buff *skb)
 {
 	return ingress(skb, 0);
+}
+
+/* Charging at the hand-off. A switch accounts its buffer from arrival, and the frame that
+ * crosses xoff pauses the upstream. Here a frame a veth hands to a switch port is not yet at the
+ * port's tc ingress: the kernel puts it in the receive backlog of the CPU that receive steering
+ * picked for its flow (kernel/rps.py), and if the hypervisor holds that CPU for ~10 ms while the
+ * sender's runs on, what was sent meanwhile arrives at once, uncharged till then, and past the
+ * headroom however fast the pause that follows. So switch_arrival charges a lossless frame where
+ * the veth hands it over (tracepoint net:netif_rx, before the backlog), on the sending CPU: a
+ * frame not yet taken in counts as in the switch, as one in Open vSwitch's receive queue already
+ * did, and its XOFF crossing is seen (and the upstream's gate closed: responder.c) while the
+ * sender runs.
+ *
+ * Which frames: the sender's egress program marks a lossless IPv4 frame with TTL left to forward
+ * (MAC_CHARGE, constant per flow, so Open vSwitch's exact-match cache still hits), since the IP
+ * header of a large frame is not in the part of the skb a tracing program can read.
+ *
+ * Each frame charged once: what switch_arrival charged goes into the port's `handed_over` too,
+ * and the tc ingress charges each lossless frame's length less what it takes from there. This
+ * kernel skips a tracepoint call now and then (a few frames in ten thousand, with no recursion
+ * miss counted), and frames from another machine carry no mark: those are charged at the tc
+ * ingress. A frame may take bytes another handed over (the skipped one arriving first); the one
+ * that then finds too few charges the rest, so the total is exact once both are in: what is
+ * handed over is never more than the frames handed over and not yet taken in.
+ *
+ * Which ports: this run's switch ports (port_of_ifindex) in the one network namespace they all
+ * live in (switch_netns; other namespaces reuse ifindexes). Every run's program sees every frame
+ * the machine's veths hand over: a few hundred nanoseconds a frame here. */
+struct ns_common___fe { unsigned int inum; } __attribute__((preserve_access_index));
+struct net___fe { struct ns_common___fe ns; } __attribute__((preserve_access_index));
+struct net_device___fe {
+	int ifindex;
+	struct { struct net___fe *net; } nd_net;
+} __attribute__((preserve_access_index));
+struct sk_buff___fe {
+	struct net_device___fe *dev;
+	unsigned int len;
+	__u16 protocol, mac_header;
+	unsigned char *head, *data;
+} __attribute__((preserve_access_index));
+enum skb_drop_reason___fe { SKB_DROP_REASON_CPU_BACKLOG___fe = 0, SKB_DROP_REASON_DEV_READY___fe = 1 };
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);	/* the inode number of the switch ports' network namespace */
+} switch_netns SEC(".maps");
+
+/* The switch port a marked frame is handed to, and the frame's length as the tc programs count
+ * it (skb->len there includes the Ethernet header, which the kernel has pulled here). */
+static __always_inline struct port *arrival_port(struct sk_buff___fe *skb, __u32 *id, __u32 *len)
+{
+	struct ethhdr eth;
+	__u32 zero = 0;
+
+	if (skb->protocol != bpf_htons(ETH_P_IP))
+		return 0;
+	unsigned char *mac = skb->head + skb->mac_header;
+	if (bpf_probe_read_kernel(&eth, sizeof(eth), mac) || !marked_to_charge(eth.h_source))
+		return 0;
+	__u32 *netns = bpf_map_lookup_elem(&switch_netns, &zero);
+	struct net_device___fe *dev = skb->dev;
+	if (!netns || !dev || dev->nd_net.net->ns.inum != *netns)
+		return 0;
+	__u32 ifindex = dev->ifindex;
+	__u32 *idp = bpf_map_lookup_elem(&port_of_ifindex, &ifindex);
+	if (!idp)
+		return 0;
+	*id = *idp;
+	struct port *me = bpf_map_lookup_elem(&ports, id);
+	if (!me || !(me->flags & PORT_PFC))
+		return 0;
+	*len = skb->len + (__u32)(skb->data - mac);
+	return me;
+}
+
+SEC("tp_btf/netif_rx")
+int BPF_PROG(switch_arrival, struct sk_buff___fe *skb)
+{
+	__u32 me_id, len;
+	struct port *me = arrival_port(skb, &me_id, &len);
+
+	if (!me)
+		return 0;
+	__sync_fetch_and_add(&me->handed_over, len);
+	__sync_fetch_and_add(&me->handoff_charges, 1);
+	charge(me, me_id, len);
+	return 0;
+}
+
+/* A frame dropped after its charge, before the switch got it (a full receive backlog, or the
+ * port going down meanwhile: enqueue_to_backlog), never reaches the egress that would have
+ * given its bytes back: give them back here. */
+SEC("tp_btf/kfree_skb")
+int BPF_PROG(switch_arrival_dropped, struct sk_buff___fe *skb, void *location, enum skb_drop_reason___fe reason)
+{
+	__u32 me_id, len;
+
+	/* (Each reason where this kernel has it: a relocation it cannot make would fail the load.) */
+	int backlog = bpf_core_enum_value_exists(enum skb_drop_reason___fe, SKB_DROP_REASON_CPU_BACKLOG___fe) &&
+		      reason == bpf_core_enum_value(enum skb_drop_reason___fe, SKB_DROP_REASON_CPU_BACKLOG___fe);
+	int down = bpf_core_enum_value_exists(enum skb_drop_reason___fe, SKB_DROP_REASON_DEV_READY___fe) &&
+		   reason == bpf_core_enum_value(enum skb_drop_reason___fe, SKB_DROP_REASON_DEV_READY___fe);
+	if (!backlog && !down)
+		return 0;
+	struct port *me = arrival_port(skb, &me_id, &len);
+	if (me && take_handed_over(me, len) == len) {
+		__sync_fetch_and_sub(&me->handoff_charges, 1);
+		credit_held(me, me_id, PRIO_LOSSLESS, len);
+	}
+	return 0;
 }
 
 /* The flowlet stage: the uplink (index) for this packet, or -1 to leave it to the routes. */
@@ -645,7 +809,16 @@ int host_egress(struct __sk_buff *skb)
 
 	if (data + sizeof(struct ethhdr) > end)
 		return TC_ACT_OK;
-	skb->priority = HTB_MAJOR | (CLASS_MINOR_BASE + (prio_of(data, end, &ip) & (NPRIO - 1)));
+	__u32 prio = prio_of(data, end, &ip) & (NPRIO - 1);
+	skb->priority = HTB_MAJOR | (CLASS_MINOR_BASE + prio);
+	struct ethhdr *eth = data;
+	if (ip && prio == PRIO_LOSSLESS && ip->ttl > 1 && eth->h_source[0] == UNTAG0 && eth->h_source[1] == TAG1) {
+		__u8 src1 = TAG1 | MAC_CHARGE;	/* the leaf charges it on hand-over: switch_arrival */
+		bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_source) + 1, &src1, 1, 0);
+		data = (void *)(long)skb->data;	/* the store invalidated every packet pointer */
+		end = (void *)(long)skb->data_end;
+		prio_of(data, end, &ip);
+	}
 	if (!ip || ip->protocol != IPPROTO_UDP || ip->ihl != 5)
 		return TC_ACT_OK;
 	struct udphdr *udp = (void *)(ip + 1);
@@ -705,9 +878,6 @@ struct {
 	__type(value, __u32);
 } stitch_peer SEC(".maps");
 
-/* 02:00: a locally administered unicast MAC that is no tag (the other four bytes stay). */
-#define UNTAG0 0x02
-#define UNTAG1 0x00
 
 SEC("tc")
 int stitch_out(struct __sk_buff *skb)
@@ -724,13 +894,13 @@ int stitch_out(struct __sk_buff *skb)
 	struct iphdr *ip;
 
 	if ((void *)(eth + 1) > end || eth->h_proto == bpf_htons(ETH_P_MAC_CONTROL) ||
-	    eth->h_source[0] != TAG0 || eth->h_source[1] != TAG1)
+	    !tagged(eth))
 		return bpf_redirect(target, 0);
 	__u32 prio = prio_of(data, end, &ip) & (NPRIO - 1);
 	__u32 in_id = (eth->h_source[2] << 8) | eth->h_source[3];
 	__u32 out_id = (eth->h_source[4] << 8) | eth->h_source[5];
 	credit_arrival(in_id, out_id, prio, len);
-	__u8 untag[2] = {UNTAG0, UNTAG1};
+	__u8 untag[2] = {UNTAG0, UNTAG1 | (eth->h_source[1] & MAC_CHARGE)};	/* the far switch charges it */
 	bpf_skb_store_bytes(skb, offsetof(struct ethhdr, h_source), untag, 2, 0);
 	return bpf_redirect(target, 0);
 }
