@@ -57,8 +57,10 @@ class ControllerProcess:
         """What a switch's controller setting should be (ovs-vsctl set-controller BR TARGET)."""
         return f"tcp:{LISTEN_HOST}:{self.port}"
 
-    def wait_listening(self, timeout: float = 30.0) -> None:
-        """Return once the OpenFlow port accepts connections, so switches connect at once."""
+    def wait_listening(self, timeout: float = 120.0) -> None:
+        """Return once the OpenFlow port accepts connections, so switches connect at once.
+        A controller that dies meanwhile fails at once; one still booting gets two minutes: in a
+        lab VM under software emulation its imports alone took 55-60 s (30 s was too little)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self._raise_if_dead()

@@ -30,7 +30,7 @@ def stage():
     pins.mkdir(parents=True)
     try:
         subprocess.run(["bpftool", "prog", "loadall", str(datapath.build_object()), str(pins / "progs"),
-                        "type", "classifier", "pinmaps", str(pins / "maps")], check=True, capture_output=True)
+                        "pinmaps", str(pins / "maps")], check=True, capture_output=True)
         table = DlbTable.open(pins)
         table.configure(LEAF, inactivity_ns=INACTIVITY_NS, window_ns=10 * INACTIVITY_NS, n_uplinks=4,
                         allowed={OTHER: 0b1111})
