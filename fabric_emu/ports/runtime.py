@@ -381,7 +381,7 @@ class LosslessPorts:
         ingress, since the ports were installed (bpf/port.c, "Charging at the hand-off")."""
         assert self.maps is not None
         t = self.maps.table
-        switch = [e.id for e in self.ports.ends if e.role == "switch"]
+        switch = self._switch_port_names
         return {**settled_charges(self.charges),
                 "charged_frames": {"on_handoff": sum(t.get(i, "handoff_charges") for i in switch),
                                    "at_ingress": sum(t.get(i, "ingress_charges") for i in switch)}}
