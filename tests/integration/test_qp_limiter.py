@@ -147,7 +147,9 @@ def nic() -> Iterator[Nic]:
         rx_sock = udp_socket(pair.rx_ns)
         rx_sock.bind((RX_IP, PORT))
         rx = Receiver(rx_sock)
-        socks = {k: _tx_socket(pair, k, 4 * FRAME if k is not None else 64 * FRAME) for k in SPORT}
+        # A QP socket holds ~40 frames (19 ms at 24 Mbit/s): a sender the machine holds for a
+        # few ms between sends must not run its class dry (4 frames did, once, on a busy CI).
+        socks = {k: _tx_socket(pair, k, 32 * FRAME if k is not None else 64 * FRAME) for k in SPORT}
         try:
             datapath.attach(pins, [PortEnd(1, "h", 0, pair.tx_if, 0, "host", 100, LINK)], {"h": tx_ns}, maps)
             index = link_index(nl, pair.tx_if)
