@@ -120,6 +120,17 @@ def busy_loops(n: int) -> list[subprocess.Popen]:
     return [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(n)]
 
 
+def longest_streak(rows: list[dict]) -> int:
+    """Issue 20's bar: the most consecutive runs whose slowest pause was within 1 ms with no
+    frame past the headroom (a run that failed to measure breaks the streak)."""
+    best = current = 0
+    for r in rows:
+        met = r.get("slowest_s") is not None and r["slowest_s"] <= WITHIN_S and not r["overruns"]
+        current = current + 1 if met else 0
+        best = max(best, current)
+    return best
+
+
 def report(name: str, rows: list[dict]) -> None:
     ok = [r for r in rows if r.get("slowest_s") is not None]
     failed = len(rows) - len(ok)
@@ -136,6 +147,8 @@ def report(name: str, rows: list[dict]) -> None:
           f"overrun frames {sum(overruns)} (in {sum(o > 0 for o in overruns)} runs)"
           + (f"  failed runs {failed}" if failed else ""))
     print(f"  {'':10s} per run (ms): {' '.join(f'{s:.2f}' for s in slowest)}")
+    print(f"  {'':10s} most consecutive runs within 1 ms with no frame past the headroom: "
+          f"{longest_streak(rows)} of {len(rows)}")
     print(f"  {'':10s} the slowest of all, by stage (ms): {worst['split_ms']}")
     stages = [r["stage_max_ms"] for r in ok if r.get("stage_max_ms")]
     if stages:  # revisions that record it: each stage's longest over every pause of every run

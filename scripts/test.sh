@@ -22,4 +22,4 @@ fi
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$here/scripts/setup.sh"
 cd "$here"
-exec "$here/.venv/bin/python" -m pytest -ra "$@"
+exec "$here/.venv/bin/python" -m pytest -ra --durations=25 "$@"

@@ -14,6 +14,7 @@ NO_PORT = 0xFFFF
 PORT_SWITCH = 1
 PORT_ECN = 2
 PORT_PFC = 4
+PORT_ORPHAN = 8  # kernel datapath: host frames leave their socket at the switch (port.c orphan())
 
 EV_XOFF, EV_XON, EV_PFC_RX, EV_NIC_XOFF = 1, 2, 3, 4
 EVENT = struct.Struct("=QIIIIQ")  # time_ns, type, port, quanta, vector, bytes

@@ -24,7 +24,8 @@ from dataclasses import asdict, dataclass, replace
 from fabric_emu.cc.pfcwd import Timers
 from fabric_emu.cc.red import pmax_scaled
 from fabric_emu.topo.plan import ETH_HEADER, FabricPlan
-from fabric_emu.ports.layout import MAX_PORTS, NO_PORT, NPRIO, PORT_ECN, PORT_PFC, PORT_SWITCH
+from fabric_emu.kernel.ovs_datapath import datapath_of
+from fabric_emu.ports.layout import MAX_PORTS, NO_PORT, NPRIO, PORT_ECN, PORT_ORPHAN, PORT_PFC, PORT_SWITCH
 
 NIC_QUEUE_FRAMES = 16
 SLACK_FRAMES = 4  # kernel FIFOs above the BPF limit: the BPF program always drops first
@@ -116,11 +117,13 @@ def host_settings(plan: FabricPlan) -> PortSettings:
                         fifo_limits={0: plan.port_buffer, 3: nic, 6: nic}, ecn=None, pfc=None)
 
 
-def bpf_config(settings: PortSettings) -> dict[str, int | list[int]]:
-    """The config fields of `struct port` (layout.FIELDS) for a switch port."""
+def bpf_config(settings: PortSettings, orphan: bool = False) -> dict[str, int | list[int]]:
+    """The config fields of `struct port` (layout.FIELDS) for a switch port (`orphan`: one that
+    takes a host's frames off their socket, PortPlan.orphan_host_frames)."""
     limits = [settings.limits.get(p, settings.limits[0]) for p in range(NPRIO)]
     ecn, pfc = settings.ecn, settings.pfc
-    flags = PORT_SWITCH | (PORT_ECN if ecn and ecn.enabled else 0) | (PORT_PFC if pfc and pfc.enabled else 0)
+    flags = (PORT_SWITCH | (PORT_ECN if ecn and ecn.enabled else 0) | (PORT_PFC if pfc and pfc.enabled else 0)
+             | (PORT_ORPHAN if orphan else 0))
     return {
         "flags": flags, "limit": limits,
         "kmin": ecn.kmin if ecn else 0, "kmax": ecn.kmax if ecn else 1,
@@ -144,6 +147,9 @@ class PortPlan:
     watchdog_seed: int = 0  # each switch's poll phase (fabric_emu.ports.watchdog.poll_phase)
     nic_stall_guard_s: float | None = None  # modelled: a storming NIC stops pausing after this long
     nic_receive: tuple[float, int, int, int] | None = None  # NICs' drain (modelled b/s), buffer, xoff, xon
+    # Open vSwitch's kernel datapath: a host's frames leave their socket at the switch port they
+    # enter by (bpf/port.c orphan()), as a packet socket makes them on the userspace datapath
+    orphan_host_frames: bool = False
 
     def settings(self, end: PortEnd) -> PortSettings:
         return self.switch if end.role == "switch" else self.host
@@ -162,7 +168,8 @@ def port_plan(plan: FabricPlan, ecn: EcnSettings, pfc: PfcSettings, watchdog: Ti
               nic_receive: tuple[float, int, int, int] | None = None) -> PortPlan:
     return PortPlan(port_ends(plan), switch_settings(plan, ecn, pfc), host_settings(plan),
                     plan.dilation, plan.mtu, watchdog if pfc.enabled else None, watchdog_ports, seed,
-                    nic_stall_guard_s, nic_receive if pfc.enabled else None)
+                    nic_stall_guard_s, nic_receive if pfc.enabled else None,
+                    orphan_host_frames=datapath_of(plan.extra) == "kernel")
 
 
 def nic_receive_config(plan: PortPlan) -> dict[str, int]:

@@ -134,8 +134,10 @@ class LosslessPorts:
         for end in self.ports.ends:
             if end.role != "switch":
                 continue
-            datapath.configure(self.maps, end.id, bpf_config(self.ports.switch))
-            if roles.get(end.peer_id) == "host":  # a peer on another machine is a switch
+            host_facing = roles.get(end.peer_id) == "host"  # a peer on another machine is a switch
+            datapath.configure(self.maps, end.id,
+                               bpf_config(self.ports.switch, orphan=host_facing and self.ports.orphan_host_frames))
+            if host_facing:
                 datapath.configure(self.maps, end.id, {**nic_receive_config(self.ports), "nic_rx_occ": 0,
                                                        "nic_rx_last": 0, "nic_rx_state": 0})
 

@@ -26,6 +26,7 @@ EXPECTED: dict[str, tuple[list[str], float]] = {
     "program_driver": ([rf"ratio program/ring driver: NIC per packet {NUMBER}$"], 300),
     "pause_load --probe": ([rf"^  {side:10s} slowest pause max +{NUMBER} ms  median +{NUMBER} ms  runs <= 1 ms [01]/1 "
                             for side in ("earlier", "this tree")]
+                           + [r"^ +most consecutive runs within 1 ms with no frame past the headroom: [01] of 1$"]
                            + [r"^ +late pauses by CPU: every CPU held \d+; one CPU held, another free \d+; no CPU held \d+$"],
                            300),
     "versus": ([rf"ratios this/earlier: OVS per packet {NUMBER}, NIC per packet {NUMBER}$"], 300),
@@ -36,6 +37,7 @@ EXPECTED: dict[str, tuple[list[str], float]] = {
                  r"^  busy +first CPU awake: \d+ deadlines, late > 0\.5 ms \d+, > 1 ms \d+",
                  r"^ratio busy/as is, share of wake-ups past 1 ms: "], 60),
     "wire_cost": ([rf"the wire adds -?{NUMBER} us per packet; ratio wired/plain = {NUMBER}$"], 60),
+    "orphan_cost": ([rf"^ratio with/without: softirq {NUMBER}, all CPU {NUMBER}$"], 60),
     # Here only the userspace datapath (no openvswitch module); the lab VM has both.
     "datapaths": ([rf"^quickstart: both, per switch packet \(us\) +{NUMBER}",
                    r"^lowest trusted quickstart dilation +(\d+|none)"], 300),

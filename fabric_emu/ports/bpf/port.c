@@ -95,6 +95,9 @@ static __always_inline int marked_to_charge(const __u8 *src)
 #define PORT_SWITCH 1
 #define PORT_ECN 2
 #define PORT_PFC 4
+#define PORT_ORPHAN 8	/* kernel datapath: a host's frame leaves its socket here (see orphan()) */
+/* skb->mark of the copy orphan() sends back into its port: it was charged on hand-off already. */
+#define ORPHAN_MARK 0x6f727068
 
 enum event_type { EV_XOFF = 1, EV_XON = 2, EV_PFC_RX = 3, EV_NIC_XOFF = 4 };
 
@@ -546,6 +549,33 @@ struct pfc_frame {
 	__be16 time[NPRIO];
 } __attribute__((packed));
 
+/* A frame a host sent still belongs to its socket until it is freed, and the send buffer each
+ * queue pair's socket gets (nic/host_nic.py socket_budget) is meant to bound the frames waiting
+ * in the host only: the NIC's own queue. On the userspace datapath Open vSwitch takes each frame
+ * in by a packet socket, which frees it (the send buffer is credited) as the switch receives it.
+ * On the kernel datapath nothing does: the frame crosses the switches and their egress queues
+ * still charged to the sender's socket (veth keeps the reference across namespaces, for TCP's
+ * small queues), so the sockets of the queue pairs feeding a queue fill up with what that queue
+ * holds and stop their senders: an end-to-end flow control no fabric has, which held a 7:1
+ * incast's queue at 7 x 6 frames and left PFC nothing to do. So at a switch port with
+ * PORT_ORPHAN (the kernel datapath) a frame that still has a socket is given back to it here:
+ * a clone (a clone has no socket) is sent back into this port's receive path, marked so that
+ * its hand-off is not charged twice, and the frame itself is consumed. */
+static __always_inline int orphan(struct __sk_buff *skb, __u32 ifindex)
+{
+	__u32 *idp = bpf_map_lookup_elem(&port_of_ifindex, &ifindex);
+	struct port *me = idp ? bpf_map_lookup_elem(&ports, idp) : 0;
+
+	if (!me || !(me->flags & PORT_ORPHAN))
+		return -1;
+	skb->mark = ORPHAN_MARK;
+	if (bpf_clone_redirect(skb, ifindex, BPF_F_INGRESS)) {
+		skb->mark = 0;
+		return -1;	/* no clone: the frame goes on as it is */
+	}
+	return TC_ACT_STOLEN;	/* consumed, not dropped: no drop counter sees it */
+}
+
 /* A frame arrives at a link end: the bytes have left the upstream queue, so they are credited
  * back to it and to the ingress port they were charged to (XON when that port falls below
  * xon); PFC frames are consumed here and reported to the daemon. (A lossless frame entering a
@@ -562,6 +592,18 @@ static __always_inline int ingress(struct __sk_buff *skb, int at_switch)
 
 	if ((void *)(eth + 1) > end)
 		return TC_ACT_OK;
+	if (at_switch && skb->mark == ORPHAN_MARK)
+		skb->mark = 0;	/* orphan()'s clone, back: on as any frame */
+	else if (at_switch && skb->sk && !tagged(eth) && eth->h_proto != bpf_htons(ETH_P_MAC_CONTROL)) {
+		int r = orphan(skb, ifindex);
+		if (r >= 0)
+			return r;
+		data = (void *)(long)skb->data;	/* a helper that may change the packet was called */
+		end = (void *)(long)skb->data_end;
+		eth = data;
+		if ((void *)(eth + 1) > end)
+			return TC_ACT_OK;
+	}
 	__u32 prio = prio_of(data, end, &ip) & (NPRIO - 1);
 	if (tagged(eth)) {
 		__u32 in_id = (eth->h_source[2] << 8) | eth->h_source[3];
@@ -662,6 +704,7 @@ struct sk_buff___fe {
 	struct net_device___fe *dev;
 	unsigned int len;
 	__u16 protocol, mac_header;
+	__u32 mark;
 	unsigned char *head, *data;
 } __attribute__((preserve_access_index));
 enum skb_drop_reason___fe { SKB_DROP_REASON_CPU_BACKLOG___fe = 0, SKB_DROP_REASON_DEV_READY___fe = 1 };
@@ -705,10 +748,10 @@ SEC("tp_btf/netif_rx")
 int BPF_PROG(switch_arrival, struct sk_buff___fe *skb)
 {
 	__u32 me_id, len;
-	struct port *me = arrival_port(skb, &me_id, &len);
+	struct port *me = skb->mark != ORPHAN_MARK ? arrival_port(skb, &me_id, &len) : 0;
 
 	if (!me)
-		return 0;
+		return 0;	/* (orphan()'s clone was charged as the frame it copies) */
 	__sync_fetch_and_add(&me->handed_over, len);
 	__sync_fetch_and_add(&me->handoff_charges, 1);
 	charge(me, me_id, len);
